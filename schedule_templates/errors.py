@@ -1,0 +1,17 @@
+"""One root exception for the package; expected failures are subclasses callers can classify."""
+
+
+class ScheduleError(Exception):
+    """Root of every error raised on purpose by ``schedule_templates``."""
+
+
+class InvalidWorkloadError(ScheduleError, ValueError):
+    """A workload key or parameter set that names no valid operator instance."""
+
+
+class InvalidConfigError(ScheduleError, ValueError):
+    """A config that does not belong to a space, or that a template cannot lower."""
+
+
+class CodegenError(ScheduleError):
+    """The code generator could not turn a loop nest into machine code."""

@@ -1,0 +1,1 @@
+"""A small loop-nest IR that people can read and the code generators can lower."""

@@ -1,0 +1,298 @@
+"""Loop-nest IR nodes.
+
+Expressions are int64 index arithmetic or float32 values; statements are loops (with a kind),
+stores, local allocations and guarded blocks. Nodes are immutable; build them with the helpers
+at the bottom (``loop``, ``store``) and Python operators on expressions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Union
+
+
+class LoopKind(enum.Enum):
+    SERIAL = "serial"
+    PARALLEL = "parallel"  # split across CPU threads (outermost one only)
+    VECTORIZE = "vectorize"  # the body becomes SIMD code over this loop
+    UNROLL = "unroll"  # the body is replicated, the index becomes a constant
+    # GPU binding kinds (used by the CUDA generator)
+    BLOCK_X = "blockIdx.x"
+    BLOCK_Y = "blockIdx.y"
+    BLOCK_Z = "blockIdx.z"
+    THREAD_X = "threadIdx.x"
+    THREAD_Y = "threadIdx.y"
+    THREAD_Z = "threadIdx.z"
+
+
+class Scope(enum.Enum):
+    GLOBAL = "global"  # a kernel argument
+    WORKSPACE = "workspace"  # scratch memory the runtime allocates once (padded copies)
+    LOCAL = "local"  # registers / stack of one thread (register tiles)
+    SHARED = "shared"  # GPU shared memory
+
+
+class Expr:
+    """Base of expressions; arithmetic operators build BinOp nodes."""
+
+    def __add__(self, other: ExprLike) -> Expr:
+        return _binop("+", self, other)
+
+    def __radd__(self, other: ExprLike) -> Expr:
+        return _binop("+", other, self)
+
+    def __sub__(self, other: ExprLike) -> Expr:
+        return _binop("-", self, other)
+
+    def __rsub__(self, other: ExprLike) -> Expr:
+        return _binop("-", other, self)
+
+    def __mul__(self, other: ExprLike) -> Expr:
+        return _binop("*", self, other)
+
+    def __rmul__(self, other: ExprLike) -> Expr:
+        return _binop("*", other, self)
+
+    def __floordiv__(self, other: ExprLike) -> Expr:
+        return _binop("//", self, other)
+
+    def __mod__(self, other: ExprLike) -> Expr:
+        return _binop("%", self, other)
+
+    def __lt__(self, other: ExprLike) -> Expr:  # type: ignore[override]
+        return _binop("<", self, other)
+
+    def __ge__(self, other: ExprLike) -> Expr:  # type: ignore[override]
+        return _binop(">=", self, other)
+
+    @property
+    def dtype(self) -> str:
+        raise TypeError(f"{type(self).__name__} has no dtype")
+
+
+ExprLike = Union[Expr, int, float]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Var(Expr):
+    name: str
+
+    @property
+    def dtype(self) -> str:
+        return "int64"
+
+
+@dataclasses.dataclass(frozen=True)
+class Const(Expr):
+    value: int | float
+    const_dtype: str = "int64"
+
+    @property
+    def dtype(self) -> str:
+        return self.const_dtype
+
+
+_FOLD = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+}
+COMPARISONS = ("<", "<=", ">=", ">", "==", "!=")
+FLOAT_FUNCS = ("max", "min")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BinOp(Expr):
+    op: str  # + - * // % < <= >= > == != and max min
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:
+        return "bool" if self.op in (*COMPARISONS, "and") else self.a.dtype
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    scope: Scope = Scope.GLOBAL
+    dtype: str = "float32"
+    #: extra elements allocated past the end (lets strided vector loads over-read safely)
+    slack: int = 0
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def strides(self) -> tuple[int, ...]:
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+    def __getitem__(self, idx: ExprLike | tuple[ExprLike, ...]) -> Load:
+        indices = idx if isinstance(idx, tuple) else (idx,)
+        if len(indices) != len(self.shape):
+            raise ValueError(f"{self.name} has {len(self.shape)} dims, indexed with {len(indices)}")
+        return Load(self, tuple(as_expr(i) for i in indices))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Load(Expr):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.buffer.dtype
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Select(Expr):
+    """``cond ? a : b``. Both sides are evaluated: never guard an unsafe load with it."""
+
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:
+        return self.a.dtype
+
+
+class Stmt:
+    """Base of statements."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Store(Stmt):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Loop(Stmt):
+    var: Var
+    extent: int
+    kind: LoopKind
+    body: tuple[Stmt, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Allocate(Stmt):
+    """A LOCAL (or SHARED) buffer live for ``body``."""
+
+    buffer: Buffer
+    body: tuple[Stmt, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class IfThen(Stmt):
+    cond: Expr
+    body: tuple[Stmt, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Kernel:
+    name: str
+    params: tuple[Buffer, ...]  # inputs then the output, in call order
+    workspace: tuple[Buffer, ...]  # WORKSPACE buffers, passed after params
+    body: tuple[Stmt, ...]
+
+    @property
+    def output(self) -> Buffer:
+        return self.params[-1]
+
+
+def as_expr(value: ExprLike) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool):
+        raise TypeError("booleans are not expressions")
+    if isinstance(value, int):
+        return Const(value)
+    if isinstance(value, float):
+        return Const(value, "float32")
+    raise TypeError(f"cannot make an expression of {value!r}")
+
+
+def _binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    ea, eb = as_expr(a), as_expr(b)
+    if isinstance(ea, Const) and isinstance(eb, Const) and op in _FOLD and ea.dtype == "int64":
+        return Const(_FOLD[op](ea.value, eb.value))
+    # x + 0, x * 1, x * 0 simplifications keep printed IR and generated code small
+    if op in ("+", "-") and isinstance(eb, Const) and eb.value == 0:
+        return ea
+    if op == "+" and isinstance(ea, Const) and ea.value == 0:
+        return eb
+    if op in ("//", "%") and isinstance(eb, Const) and eb.value == 1 and ea.dtype == "int64":
+        return ea if op == "//" else Const(0)
+    if op == "*" and ea.dtype == "int64":
+        if isinstance(eb, Const) and eb.value == 1:
+            return ea
+        if isinstance(ea, Const) and ea.value == 1:
+            return eb
+        if (isinstance(ea, Const) and ea.value == 0) or (isinstance(eb, Const) and eb.value == 0):
+            return Const(0)
+    return BinOp(op, ea, eb)
+
+
+def binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    return _binop(op, a, b)
+
+
+def fmax(a: ExprLike, b: ExprLike) -> Expr:
+    return BinOp("max", as_expr(a), as_expr(b))
+
+
+def fmin(a: ExprLike, b: ExprLike) -> Expr:
+    return BinOp("min", as_expr(a), as_expr(b))
+
+
+def loop(name: str, extent: int, kind: LoopKind = LoopKind.SERIAL) -> tuple[Var, LoopFactory]:
+    """``v, mk = loop("k", 64)`` then ``mk(body...)`` builds the Loop once the body exists."""
+    var = Var(name)
+    return var, LoopFactory(var, extent, kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopFactory:
+    var: Var
+    extent: int
+    kind: LoopKind
+
+    def __call__(self, *body: Stmt | Sequence[Stmt]) -> Stmt:
+        flat = _flatten(body)
+        if self.extent == 1 and self.kind in (LoopKind.SERIAL, LoopKind.UNROLL):
+            # a loop of one iteration is its body with the index fixed at zero
+            return Loop(self.var, 1, LoopKind.UNROLL, flat)
+        return Loop(self.var, self.extent, self.kind, flat)
+
+
+def store(target: Load, value: ExprLike) -> Store:
+    """``store(buf[i, j], expr)``: the indexing syntax of loads doubles as the store target."""
+    return Store(target.buffer, target.indices, as_expr(value))
+
+
+def _flatten(body: Sequence[Stmt | Sequence[Stmt]]) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for item in body:
+        if isinstance(item, Stmt):
+            out.append(item)
+        else:
+            out.extend(_flatten(item))
+    return tuple(out)
+
+
+def seq(*body: Stmt | Sequence[Stmt]) -> tuple[Stmt, ...]:
+    return _flatten(body)

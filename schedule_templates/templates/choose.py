@@ -1,0 +1,29 @@
+"""Helpers templates share to pick default tile sizes."""
+
+from __future__ import annotations
+
+from schedule_templates.space import divisors
+
+#: fp32 lanes of one AVX-512 register; the register budget below is counted in these
+LANES = 16
+#: vector registers available for accumulators (32 zmm minus loads and broadcasts)
+ACC_REGISTERS = 28
+
+
+def vregs(width: int) -> int:
+    return -(-width // LANES)
+
+
+def largest_divisor(n: int, limit: int, prefer: tuple[int, ...] = ()) -> int:
+    """The first of ``prefer`` dividing n and <= limit, else the largest divisor <= limit."""
+    for p in prefer:
+        if p <= limit and n % p == 0:
+            return p
+    return max(d for d in divisors(n) if d <= limit)
+
+
+def three_way(extent: int, inner: int, middle_target: int) -> tuple[int, int, int]:
+    """(outer, middle, inner) with middle*inner near ``middle_target`` and dividing extent."""
+    rest = extent // inner
+    middle = largest_divisor(rest, max(1, middle_target // inner))
+    return rest // middle, middle, inner

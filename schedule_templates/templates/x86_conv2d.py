@@ -1,0 +1,135 @@
+"""x86 template for ``conv2d`` (NCHW in, NCHW out), vectorized over output channels.
+
+A register tile is ``oh_t x ow_t`` output pixels by ``k_t`` output channels, held as vector
+accumulators along the channels. Each reduction step (one input channel and kernel tap)
+broadcasts one activation per pixel and loads ``k_t`` contiguous weights from the weights packed
+once as ``[K/k_t][C][R][S][k_t]``. Padding, when present, is a copy into a zero-bordered
+workspace inside the timed region. Image, channel block and row block are fused into one
+parallel loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Buffer,
+    Const,
+    Kernel,
+    LoopKind,
+    Scope,
+    Stmt,
+    loop,
+    store,
+)
+from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpace, SplitKnob
+from schedule_templates.templates.base import Template, as_workload, register
+from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, vregs
+from schedule_templates.templates.window import needs_copy, pad_stage, padded_buffer
+from schedule_templates.workloads import Conv2d, Workload
+
+MAX_KT = 64
+
+
+def _fits(cfg: Config) -> bool:
+    kt, oht, owt = cfg["tile_k"][1], cfg["tile_oh"][1], cfg["tile_ow"][1]
+    return kt <= MAX_KT and oht * owt * vregs(kt) <= ACC_REGISTERS
+
+
+@register
+class Conv2dX86(Template):
+    name = "conv2d.x86"
+    op = "conv2d"
+    target_kind = "llvm"
+    version = 1
+
+    def space(self, workload: Workload, device: Mapping[str, object] | None = None
+              ) -> ConfigSpace:
+        wl = as_workload(workload, Conv2d)
+        knobs = (
+            SplitKnob("tile_k", wl.K, 2),
+            SplitKnob("tile_oh", wl.out_h, 2),
+            SplitKnob("tile_ow", wl.out_w, 2),
+            ChoiceKnob("outer_order", ("k_h", "h_k")),
+            ChoiceKnob("reduce_order", ("c_rs", "rs_c")),
+            AnnotateKnob("unroll_s", ("none", "unroll")),
+        )
+        return ConfigSpace(knobs, constraint=_fits)
+
+    def default_config(self, workload: Workload) -> Config:
+        wl = as_workload(workload, Conv2d)
+        kt = largest_divisor(wl.K, MAX_KT, prefer=(32, 16, 48, 64))
+        pixels = ACC_REGISTERS // vregs(kt)
+        owt = largest_divisor(wl.out_w, pixels, prefer=(14, 8, 7))
+        oht = largest_divisor(wl.out_h, max(1, pixels // owt))
+        return self.space(wl).from_entities({
+            "tile_k": (wl.K // kt, kt),
+            "tile_oh": (wl.out_h // oht, oht),
+            "tile_ow": (wl.out_w // owt, owt),
+            "outer_order": "k_h",
+            "reduce_order": "c_rs",
+            "unroll_s": "unroll",
+        })
+
+    def lower(self, workload: Workload, config: Config) -> Kernel:
+        wl = as_workload(workload, Conv2d)
+        ko, kt = config["tile_k"]
+        oho, oht = config["tile_oh"]
+        owo, owt = config["tile_ow"]
+        data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
+        packed = Buffer("weight_packed", (ko, wl.C, wl.R, wl.S, kt))
+        out = Buffer("out", (wl.N, wl.K, wl.out_h, wl.out_w))
+        stages: list[Stmt] = []
+        workspace: tuple[Buffer, ...] = ()
+        if needs_copy(wl):
+            pad = padded_buffer(wl)
+            workspace = (pad,)
+            stages.append(pad_stage(wl, data, pad))
+
+            def src(n, c, h, w):  # type: ignore[no-untyped-def]
+                return pad[n * wl.C + c, h, w]
+        else:
+            def src(n, c, h, w):  # type: ignore[no-untyped-def]
+                return data[n, c, h, w]
+
+        t, par = loop("t", wl.N * ko * oho, LoopKind.PARALLEL)
+        n = t // (ko * oho)
+        rest = t % (ko * oho)
+        kb, hb = (rest // oho, rest % oho) if config["outer_order"] == "k_h" else (
+            rest % ko, rest // ko)
+        wb, cols = loop("ow_o", owo)
+        a, unroll_a = loop("a", oht, LoopKind.UNROLL)
+        b, unroll_b = loop("b", owt, LoopKind.UNROLL)
+        k, vec_k = loop("k", kt, LoopKind.VECTORIZE)
+        c, c_loop = loop("c", wl.C)
+        r, r_loop = loop("r", wl.R)
+        s, s_loop = loop("s", wl.S, LoopKind.UNROLL if config["unroll_s"] == "unroll"
+                         else LoopKind.SERIAL)
+        oh, ow = hb * oht + a, wb * owt + b
+        sh, sw = wl.stride
+        dh, dw = wl.dilation
+        acc = Buffer("acc", (oht, owt, kt), Scope.LOCAL)
+        update = unroll_a(unroll_b(vec_k(store(
+            acc[a, b, k],
+            src(n, c, oh * sh + r * dh, ow * sw + s * dw) * packed[kb, c, r, s, k] + acc[a, b, k],
+        ))))
+        reduce = (c_loop(r_loop(s_loop(update))) if config["reduce_order"] == "c_rs"
+                  else r_loop(s_loop(c_loop(update))))
+        tile = Allocate(acc, (
+            unroll_a(unroll_b(vec_k(store(acc[a, b, k], Const(0.0, "float32"))))),
+            reduce,
+            unroll_a(unroll_b(vec_k(store(out[n, kb * kt + k, oh, ow], acc[a, b, k])))),
+        ))
+        stages.append(par(cols(tile)))
+        return Kernel("conv2d_x86", (data, packed, out), workspace, tuple(stages))
+
+    def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
+             ) -> dict[str, np.ndarray]:
+        wl = as_workload(workload, Conv2d)
+        ko, kt = config["tile_k"]
+        weight = np.asarray(inputs["weight"], dtype=np.float32)
+        packed = weight.reshape(ko, kt, wl.C, wl.R, wl.S).transpose(0, 2, 3, 4, 1)
+        return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed)}

@@ -1,0 +1,179 @@
+"""x86 templates for ``dense`` and ``batch_matmul``: a BLIS-style blocked GEMM.
+
+The output is computed in register tiles of ``mr`` rows by ``nr`` columns held in vector
+accumulators; each step of the reduction broadcasts ``mr`` values of the left operand and loads
+``nr`` contiguous values of the right one (dense: weights packed once into ``[N/nr][K][nr]``
+micro-panels; batch_matmul: read in place, rows of ``y`` are already contiguous along N).
+Cache blocking comes from the middle factors of the splits; the outer blocks of M and N (and
+the batch) are fused into one parallel loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Buffer,
+    Const,
+    Expr,
+    Kernel,
+    Load,
+    LoopKind,
+    Scope,
+    Select,
+    Stmt,
+    binop,
+    loop,
+    store,
+)
+from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from schedule_templates.templates.base import Template, as_workload as _as, register
+from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, three_way, vregs
+from schedule_templates.workloads import BatchMatmul, Dense, Workload
+
+MAX_NR = 64
+MAX_MR = 16
+MAX_KU = 8
+
+
+def gemm_space(M: int, N: int, K: int) -> ConfigSpace:
+    knobs = (
+        SplitKnob("tile_m", M, 3),
+        SplitKnob("tile_n", N, 3),
+        SplitKnob("tile_k", K, 3),
+        ChoiceKnob("outer_order", ("nm", "mn")),
+        ChoiceKnob("inner_order", ("nm", "mn")),
+    )
+    return ConfigSpace(knobs, constraint=_fits_registers)
+
+
+def _fits_registers(cfg: Config) -> bool:
+    mr, nr, ku = cfg["tile_m"][2], cfg["tile_n"][2], cfg["tile_k"][2]
+    return mr <= MAX_MR and nr <= MAX_NR and ku <= MAX_KU and mr * vregs(nr) <= ACC_REGISTERS
+
+
+def gemm_default(space: ConfigSpace, M: int, N: int, K: int) -> Config:
+    nr = largest_divisor(N, MAX_NR, prefer=(64, 48, 32, 16))
+    mr = largest_divisor(M, min(MAX_MR, ACC_REGISTERS // vregs(nr)), prefer=(6, 8, 4))
+    ku = largest_divisor(K, MAX_KU, prefer=(4, 2))
+    return space.from_entities({
+        "tile_m": three_way(M, mr, 96),
+        "tile_n": three_way(N, nr, 256),
+        "tile_k": three_way(K, ku, 256),
+        "outer_order": "nm",
+        "inner_order": "nm",
+    })
+
+
+OperandA = Callable[[Expr, Expr, Expr], Load]  # (batch, m, k)
+OperandB = Callable[[Expr, Expr, Expr, Expr], Load]  # (batch, n-panel, k, j within panel)
+OperandC = Callable[[Expr, Expr, Expr], Load]  # (batch, m, n)
+
+
+def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC) -> Stmt:
+    """The loop nest shared by dense and batch_matmul."""
+    mo, mi, mr = cfg["tile_m"]
+    no, ni, nr = cfg["tile_n"]
+    ko, ki, ku = cfg["tile_k"]
+    t, par = loop("t", batch * mo * no, LoopKind.PARALLEL)
+    bb = t // (mo * no)
+    rest = t % (mo * no)
+    jo, io = (rest // mo, rest % mo) if cfg["outer_order"] == "nm" else (rest % no, rest // no)
+    kko, k_outer = loop("k_o", ko)
+    vj, vj_mk = loop("j_i", ni)
+    vi, vi_mk = loop("m_i", mi)
+    panel = jo * ni + vj
+    m0 = (io * mi + vi) * mr
+    n0 = panel * nr
+    acc = Buffer("acc", (mr, nr), Scope.LOCAL)
+    r, unroll_r = loop("r", mr, LoopKind.UNROLL)
+    j, vec_j = loop("j", nr, LoopKind.VECTORIZE)
+    k1, k_inner = loop("k_i", ki)
+    k2, k_unroll = loop("k_u", ku, LoopKind.UNROLL)
+    k = (kko * ki + k1) * ku + k2
+    init: Expr = Const(0.0, "float32")
+    if ko > 1:
+        init = Select(binop("==", kko, 0), init, c(bb, m0 + r, n0 + j))
+    tile = Allocate(acc, (
+        unroll_r(vec_j(store(acc[r, j], init))),
+        k_inner(k_unroll(unroll_r(vec_j(
+            store(acc[r, j], a(bb, m0 + r, k) * b(bb, panel, k, j) + acc[r, j]))))),
+        unroll_r(vec_j(store(c(bb, m0 + r, n0 + j), acc[r, j]))),
+    ))
+    inner = vj_mk(vi_mk(tile)) if cfg["inner_order"] == "nm" else vi_mk(vj_mk(tile))
+    return par(k_outer(inner))
+
+
+@register
+class DenseX86(Template):
+    name = "dense.x86"
+    op = "dense"
+    target_kind = "llvm"
+    version = 1
+
+    def space(self, workload: Workload, device: Mapping[str, object] | None = None
+              ) -> ConfigSpace:
+        wl = _as(workload, Dense)
+        return gemm_space(wl.M, wl.N, wl.K)
+
+    def default_config(self, workload: Workload) -> Config:
+        wl = _as(workload, Dense)
+        return gemm_default(self.space(wl), wl.M, wl.N, wl.K)
+
+    def lower(self, workload: Workload, config: Config) -> Kernel:
+        wl = _as(workload, Dense)
+        nr = config["tile_n"][2]
+        data = Buffer("data", (wl.M, wl.K))
+        packed = Buffer("weight_packed", (wl.N // nr, wl.K, nr))
+        out = Buffer("out", (wl.M, wl.N))
+        body = gemm_nest(
+            config, 1,
+            a=lambda _b, m, k: data[m, k],
+            b=lambda _b, p, k, j: packed[p, k, j],
+            c=lambda _b, m, n: out[m, n],
+        )
+        return Kernel("dense_x86", (data, packed, out), (), (body,))
+
+    def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
+             ) -> dict[str, np.ndarray]:
+        wl = _as(workload, Dense)
+        nr = config["tile_n"][2]
+        weight = np.asarray(inputs["weight"], dtype=np.float32)
+        packed = weight.reshape(wl.N // nr, nr, wl.K).transpose(0, 2, 1)
+        return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed)}
+
+
+@register
+class BatchMatmulX86(Template):
+    name = "batch_matmul.x86"
+    op = "batch_matmul"
+    target_kind = "llvm"
+    version = 1
+
+    def space(self, workload: Workload, device: Mapping[str, object] | None = None
+              ) -> ConfigSpace:
+        wl = _as(workload, BatchMatmul)
+        return gemm_space(wl.M, wl.N, wl.K)
+
+    def default_config(self, workload: Workload) -> Config:
+        wl = _as(workload, BatchMatmul)
+        return gemm_default(self.space(wl), wl.M, wl.N, wl.K)
+
+    def lower(self, workload: Workload, config: Config) -> Kernel:
+        wl = _as(workload, BatchMatmul)
+        nr = config["tile_n"][2]
+        x = Buffer("x", (wl.B, wl.M, wl.K))
+        y = Buffer("y", (wl.B, wl.K, wl.N))
+        out = Buffer("out", (wl.B, wl.M, wl.N))
+        body = gemm_nest(
+            config, wl.B,
+            a=lambda b, m, k: x[b, m, k],
+            b=lambda b, p, k, j: y[b, k, p * nr + j],
+            c=lambda b, m, n: out[b, m, n],
+        )
+        return Kernel("batch_matmul_x86", (x, y, out), (), (body,))
+
+

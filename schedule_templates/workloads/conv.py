@@ -1,0 +1,171 @@
+"""Convolution workloads in NCHW: ``conv2d`` (groups = 1) and ``depthwise_conv2d`` (groups = C)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.workloads.base import Shape, Workload, register
+
+_CONV_PARAMS: dict[str, tuple[str, Any]] = {
+    "N": ("int", None),
+    "C": ("int", None),
+    "H": ("int", None),
+    "W": ("int", None),
+}
+_WINDOW_PARAMS: dict[str, tuple[str, Any]] = {
+    "R": ("int", None),
+    "S": ("int", None),
+    "stride": ("pair", (1, 1)),
+    "pad": ("quad", (0, 0, 0, 0)),
+    "dilation": ("pair", (1, 1)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window(Workload):
+    """Shared geometry of a sliding-window operator."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    R: int
+    S: int
+    stride: tuple[int, int]
+    pad: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+
+    constant_inputs: ClassVar[tuple[str, ...]] = ("weight",)
+
+    @property
+    def out_h(self) -> int:
+        top, _, bottom, _ = self.pad
+        return (self.H + top + bottom - self.dilation[0] * (self.R - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def out_w(self) -> int:
+        _, left, _, right = self.pad
+        return (self.W + left + right - self.dilation[1] * (self.S - 1) - 1) // self.stride[1] + 1
+
+    def validate(self) -> None:
+        if self.out_h < 1 or self.out_w < 1:
+            raise InvalidWorkloadError(
+                f"{self.op}: a {self.R}x{self.S} window (dilation {self.dilation}) does not fit "
+                f"a {self.H}x{self.W} input padded by {self.pad}"
+            )
+        if max(self.pad[0], self.pad[2]) >= self.dilation[0] * (self.R - 1) + 1 + self.H or max(
+            self.pad[1], self.pad[3]
+        ) >= self.dilation[1] * (self.S - 1) + 1 + self.W:
+            raise InvalidWorkloadError(f"{self.op}: padding {self.pad} is larger than the input")
+
+    def _windows(self, data: np.ndarray):  # type: ignore[no-untyped-def]
+        """Yield (r, s, strided input view of shape N, C, OH, OW) for each kernel tap."""
+        top, left, bottom, right = self.pad
+        x = np.pad(data, ((0, 0), (0, 0), (top, bottom), (left, right)))
+        sh, sw = self.stride
+        dh, dw = self.dilation
+        for r in range(self.R):
+            for s in range(self.S):
+                h0, w0 = r * dh, s * dw
+                yield r, s, x[
+                    :, :, h0 : h0 + sh * (self.out_h - 1) + 1 : sh, w0 : w0 + sw * (self.out_w - 1) + 1 : sw
+                ]
+
+    def _geometry(self) -> str:
+        text = f"{self.R}x{self.S}"
+        if self.stride != (1, 1):
+            text += f" stride {_pretty(self.stride)}"
+        if any(self.pad):
+            text += f" pad {_pretty(self.pad)}"
+        if self.dilation != (1, 1):
+            text += f" dilation {_pretty(self.dilation)}"
+        return text
+
+
+def _pretty(value: tuple[int, ...]) -> str:
+    return str(value[0]) if len(set(value)) == 1 else "x".join(map(str, value))
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Conv2d(_Window):
+    """``out[n,k,oh,ow] = sum_{c,r,s} data[n,c,oh*sh+r*dh-pt,ow*sw+s*dw-pl] * weight[k,c,r,s]``."""
+
+    K: int = 0
+
+    op: ClassVar[str] = "conv2d"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        **_CONV_PARAMS,
+        "K": ("int", None),
+        **_WINDOW_PARAMS,
+    }
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"data": (self.N, self.C, self.H, self.W), "weight": (self.K, self.C, self.R, self.S)}
+
+    def output_shape(self) -> Shape:
+        return (self.N, self.K, self.out_h, self.out_w)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.K * self.out_h * self.out_w * self.C * self.R * self.S
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        weight = inputs["weight"]
+        out = np.zeros(self.output_shape(), dtype=np.float32)
+        for r, s, window in self._windows(inputs["data"]):
+            # (K, C) x (N, C, OH, OW) -> (K, N, OH, OW)
+            out += np.tensordot(weight[:, :, r, s], window, axes=([1], [1])).transpose(1, 0, 2, 3)
+        return out
+
+    def describe(self) -> str:
+        return (
+            f"conv2d {self.C}->{self.K} channels, {self.H}x{self.W} input, {self._geometry()}"
+            + (f", batch {self.N}" if self.N != 1 else "")
+        )
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class DepthwiseConv2d(_Window):
+    """Grouped convolution with groups = C; output channel ``c*multiplier + m`` reads channel c."""
+
+    multiplier: int = 1
+
+    op: ClassVar[str] = "depthwise_conv2d"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        **_CONV_PARAMS,
+        **_WINDOW_PARAMS,
+        "multiplier": ("int", 1),
+    }
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {
+            "data": (self.N, self.C, self.H, self.W),
+            "weight": (self.C * self.multiplier, 1, self.R, self.S),
+        }
+
+    def output_shape(self) -> Shape:
+        return (self.N, self.C * self.multiplier, self.out_h, self.out_w)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.C * self.multiplier * self.out_h * self.out_w * self.R * self.S
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        weight = inputs["weight"][:, 0]
+        out = np.zeros(self.output_shape(), dtype=np.float32)
+        for r, s, window in self._windows(inputs["data"]):
+            expanded = np.repeat(window, self.multiplier, axis=1)
+            out += expanded * weight[None, :, r, s, None, None]
+        return out
+
+    def describe(self) -> str:
+        mult = f" x{self.multiplier}" if self.multiplier != 1 else ""
+        return (
+            f"depthwise conv2d {self.C} channels{mult}, {self.H}x{self.W} input, {self._geometry()}"
+            + (f", batch {self.N}" if self.N != 1 else "")
+        )

@@ -1,0 +1,55 @@
+"""The ``tuner`` console script.
+
+Each command group lives in its own module with a ``register(subparsers)`` function. Modules are
+imported here, but they import heavy dependencies (fastapi, sqlalchemy, xgboost) only inside
+their handlers, so ``tuner worker`` runs on a worker-only install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Command-group modules, in help order.
+_GROUPS = (
+    "tuner_service.cli.kernels",  # space, codegen, measure, tune
+    "tuner_service.cli.models",  # extract, sample-model
+    "tuner_service.cli.server",  # serve, db, token, up
+    "tuner_service.cli.client",  # submit, status, fetch
+    "tuner_service.cli.worker",  # worker
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _GROUPS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # a group not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
