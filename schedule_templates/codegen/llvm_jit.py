@@ -50,8 +50,8 @@ def host_features() -> str:
     return features + ",-prefer-256-bit" if "+avx512f" in features else features
 
 
-@functools.cache
 def host_target_machine() -> llvm.TargetMachine:
+    """A fresh target machine: an MCJIT engine takes ownership of (and frees) the one it gets."""
     _initialize()
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(
@@ -104,7 +104,7 @@ class CompiledKernel:
         self.compile_time_s = time.perf_counter() - start
 
     def assembly(self) -> str:
-        return host_target_machine().emit_assembly(self._module)
+        return str(host_target_machine().emit_assembly(self._module))
 
     def close(self) -> None:
         engine = getattr(self, "_engine", None)

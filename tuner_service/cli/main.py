@@ -7,6 +7,12 @@ their handlers, so ``tuner worker`` runs on a worker-only install.
 
 from __future__ import annotations
 
+import os
+
+# OpenBLAS threads that spin after a numpy call steal the cores our kernels are timed on;
+# numpy here only computes reference results, so one BLAS thread is enough. Must precede numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import importlib
 import logging

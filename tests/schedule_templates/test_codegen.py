@@ -1,0 +1,118 @@
+"""Code generation paths: vector loads by stride, scatter stores, threads, IR printing."""
+
+import ctypes
+import os
+import resource
+
+import numpy as np
+import pytest
+
+from schedule_templates.codegen.llvm_ir import generate_llvm_ir
+from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
+from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, Select, binop, loop, store
+from schedule_templates.ir.printer import format_kernel
+from schedule_templates.peak import measure_peak_gflops
+from schedule_templates.runtime import aligned_empty, build
+from schedule_templates.templates.base import get_template
+from schedule_templates.workloads import parse_workload
+
+
+def run_kernel(kernel, arrays, threads=1):
+    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, len(arrays))
+    try:
+        compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays], threads)
+    finally:
+        compiled.close()
+
+
+@pytest.mark.parametrize("stride, slack", [(1, 0), (2, 1), (3, 2), (2, 0), (5, 4)])
+def test_strided_vector_loads(stride, slack):
+    n = 20
+    src = Buffer("src", (n * stride,), slack=slack)
+    dst = Buffer("dst", (n,))
+    v, vec = loop("v", n, LoopKind.VECTORIZE)
+    kernel = Kernel("strided", (src, dst), (), (vec(store(dst[v], src[v * stride] * 2.0)),))
+    a = aligned_empty(n * stride + slack)
+    a[:] = np.arange(a.size, dtype=np.float32)
+    out = aligned_empty(n, zero=True)
+    run_kernel(kernel, [a, out])
+    np.testing.assert_array_equal(out, 2 * a[: n * stride : stride])
+
+
+def test_scatter_store_broadcast_and_select():
+    src = Buffer("src", (8,))
+    dst = Buffer("dst", (8, 4))
+    i, outer = loop("i", 4)
+    v, vec = loop("v", 8, LoopKind.VECTORIZE)
+    value = Select(binop("==", i, 2), src[v] * -1.0, src[v] + 1.0)
+    kernel = Kernel("scatter", (src, dst), (), (outer(vec(store(dst[v, i], value))),))
+    a = np.arange(8, dtype=np.float32)
+    out = np.zeros((8, 4), np.float32)
+    run_kernel(kernel, [a, out])
+    expected = np.stack([a + 1, a + 1, -a, a + 1], axis=1)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_non_affine_index_falls_back_to_lanes():
+    src = Buffer("src", (16,))
+    dst = Buffer("dst", (16,))
+    v, vec = loop("v", 16, LoopKind.VECTORIZE)
+    kernel = Kernel("perm", (src, dst), (), (vec(store(dst[v], src[(v * 7) % 16])),))
+    a = np.arange(16, dtype=np.float32)
+    out = np.zeros(16, np.float32)
+    run_kernel(kernel, [a, out])
+    np.testing.assert_array_equal(out, a[(np.arange(16) * 7) % 16])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_parallel_loop_covers_every_iteration(threads):
+    dst = Buffer("dst", (37, 5))
+    t, par = loop("t", 37, LoopKind.PARALLEL)
+    j, inner = loop("j", 5)
+    kernel = Kernel("par", (dst,), (), (par(inner(store(dst[t, j], dst[t, j] + 1.0))),))
+    out = np.zeros((37, 5), np.float32)
+    run_kernel(kernel, [out], threads)
+    np.testing.assert_array_equal(out, 1.0)
+
+
+def test_generated_code_uses_avx512_fma_when_available():
+    if "+avx512f" not in host_features():
+        pytest.skip("host has no AVX-512")
+    workload = parse_workload("dense:M=64,N=64,K=64")
+    template = get_template("dense")
+    artifact = build(workload, template, template.default_config(workload))
+    try:
+        asm = artifact.compiled.assembly()
+    finally:
+        artifact.close()
+    assert "zmm" in asm and "vfmadd" in asm
+
+
+def test_printed_ir_is_readable():
+    workload = parse_workload("conv2d:N=1,C=4,H=6,W=6,K=16,R=3,S=3,pad=1")
+    template = get_template("conv2d")
+    text = format_kernel(template.lower(workload, template.default_config(workload)))
+    assert "parallel for" in text and "vectorize for k in 0..16" in text
+    assert "data_pad" in text and "alloc acc" in text
+
+
+def test_peak_loop_reports_a_plausible_number():
+    assert 1.0 < measure_peak_gflops(1, repeat=2) < 10_000
+
+
+@pytest.mark.slow
+def test_compiling_many_candidates_does_not_grow_memory():
+    workload = parse_workload("dense:M=32,N=32,K=32")
+    template = get_template("dense")
+    space = template.space(workload)
+    indices = space.sample(400, np.random.default_rng(0))
+
+    def compile_batch(batch):
+        for i in batch:
+            build(workload, template, space.get(i)).close()
+
+    compile_batch(indices[:100])  # warm up allocator pools and caches
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    compile_batch(indices[100:])
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 60, f"RSS grew {grown_mb:.0f} MB over 300 compiles (pid {os.getpid()})"

@@ -1,0 +1,250 @@
+"""Kernel commands that need no server: ``space``, ``codegen``, ``measure``, ``tune``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from schedule_templates.errors import ScheduleError
+from schedule_templates.records import MeasureOptions, MeasureResult
+from schedule_templates.space import Config
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("space", help="show a workload's knobs and space size")
+    _workload_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_space)
+
+    p = sub.add_parser("codegen", help="print the generated code of one config")
+    _workload_args(p)
+    _config_args(p)
+    p.add_argument("--ir", action="store_true", help="print the loop-nest IR instead")
+    p.set_defaults(func=cmd_codegen)
+
+    p = sub.add_parser("measure", help="compile, check against numpy and time one config")
+    _workload_args(p)
+    _config_args(p)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_measure)
+
+    p = sub.add_parser("tune", help="tune one workload locally, in this process")
+    _workload_args(p)
+    p.add_argument("--trials", type=int, required=True)
+    p.add_argument("--tuner", default="random")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tune)
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="workload key, e.g. dense:M=1024,N=1024,K=1024")
+    p.add_argument("--target", default="llvm")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--config-index", type=int)
+    group.add_argument("--config", help="config JSON ({'index': ...} or {'entity': [...]})")
+    group.add_argument("--default", action="store_true", help="the template's default (the default)")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Config]:
+    from schedule_templates.templates.base import get_template
+    from schedule_templates.workloads import parse_workload
+
+    workload = parse_workload(args.workload)
+    template = get_template(workload.op, args.target)
+    space = template.space(workload)
+    if getattr(args, "config_index", None) is not None:
+        config = space.get(args.config_index)
+    elif getattr(args, "config", None):
+        try:
+            data = json.loads(args.config)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"error: --config is not JSON: {e}") from None
+        config = space.from_json(data)
+    else:
+        config = template.default_config(workload)
+    return workload, template, config
+
+
+def _fail(error: Exception) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+def cmd_space(args: argparse.Namespace) -> int:
+    from schedule_templates.templates.base import get_template
+    from schedule_templates.workloads import parse_workload
+
+    try:
+        workload = parse_workload(args.workload)
+        template = get_template(workload.op, args.target)
+    except ScheduleError as e:
+        return _fail(e)
+    space = template.space(workload)
+    info = {"workload": workload.key, "target": args.target, "template": template.name,
+            "template_version": template.version, "size": space.size, "knobs": space.describe()}
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"{workload.describe()}  [{template.name} v{template.version}]")
+    for knob in info["knobs"]:
+        print(f"  {knob['name']:<14} {knob['kind']}  {knob['size']:>6} values")
+    print(f"space size: {space.size:,}")
+    return 0
+
+
+def cmd_codegen(args: argparse.Namespace) -> int:
+    from schedule_templates.codegen.llvm_ir import generate_llvm_ir
+    from schedule_templates.ir.printer import format_kernel
+    from schedule_templates.runtime import lower
+
+    try:
+        workload, template, config = _resolve(args)
+        kernel = lower(workload, template, config)
+    except ScheduleError as e:
+        return _fail(e)
+    print(format_kernel(kernel) if args.ir else str(generate_llvm_ir(kernel)))
+    return 0
+
+
+def _measure_options() -> MeasureOptions:
+    return MeasureOptions(number=1, repeat=3, min_repeat_ms=50.0)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from workers.measure import measure_candidate
+
+    try:
+        workload, template, config = _resolve(args)
+    except ScheduleError as e:
+        return _fail(e)
+    result = measure_candidate(workload.key, template.name, config.to_json(), args.target,
+                               _measure_options(), args.threads)
+    report = _result_json(workload.key, args.target, config, result, workload.flops())
+    if args.json:
+        print(json.dumps(report))
+    elif result.ok:
+        print(f"{workload.describe()}: {report['gflops']:.1f} GFLOPS, "
+              f"{result.mean_cost * 1e3:.4f} ms (config {config.index})")
+    else:
+        print(f"{workload.describe()}: {result.error.name}: {result.error_message}")
+    return 0 if result.ok else 1
+
+
+def _result_json(key: str, target: str, config: Config, result: MeasureResult, flops: int
+                 ) -> dict[str, Any]:
+    return {
+        "workload": key,
+        "target": target,
+        "config": config.to_json(),
+        "gflops": result.gflops(flops) if result.ok else None,
+        "latency_s": result.mean_cost if result.ok else None,
+        "error": None if result.ok else {"kind": result.error.name.lower(),
+                                          "message": result.error_message},
+    }
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from schedule_templates.templates.base import get_template
+    from schedule_templates.workloads import parse_workload
+    from tuner_service.tuners import make_tuner
+    from tuner_service.tuning.local_loop import best_trial, tune
+
+    try:
+        workload = parse_workload(args.workload)
+        template = get_template(workload.op, args.target)
+        tuner = make_tuner(args.tuner, workload, template.space(workload), args.seed)
+    except (ScheduleError, ValueError) as e:
+        return _fail(e)
+    with _IsolatedMeasure(workload.key, template.name, args.target, args.threads) as measure:
+        with _Progress(args.trials, quiet=args.json) as progress:
+            history = tune(workload, tuner, args.trials, measure, args.batch, progress.update)
+    best = best_trial(history)
+    report = {
+        "workload": workload.key,
+        "target": args.target,
+        "trials": len(history),
+        "best": None if best is None else {"config": best.config.to_json(),
+                                           "gflops": best.gflops,
+                                           "latency_s": best.result.mean_cost},
+        "history": [{"trial": t.trial, "gflops": t.gflops,
+                     "error": None if t.result.ok else t.result.error.name.lower()}
+                    for t in history],
+    }
+    if args.json:
+        print(json.dumps(report))
+    elif best is not None:
+        print(f"best: {best.gflops:.1f} GFLOPS, {best.result.mean_cost * 1e3:.4f} ms, "
+              f"config {json.dumps(best.config.to_json())}")
+    else:
+        print("no config ran successfully")
+    return 0 if best is not None else 1
+
+
+class _IsolatedMeasure:
+    """Measures configs in a child process, so a bad kernel cannot take the loop down."""
+
+    def __init__(self, key: str, template: str, target: str, threads: int) -> None:
+        from workers.measure.pool import IsolatedMeasurer  # before workers.backends (import order)
+        from workers.backends import BackendSpec  # isort: skip
+
+        self._key, self._template, self._target, self._threads = key, template, target, threads
+        self._measurer = IsolatedMeasurer(BackendSpec(target.split()[0]), parallel_build=1)
+        self._next_id = 0
+
+    def __enter__(self) -> _IsolatedMeasure:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._measurer.close()
+
+    def __call__(self, configs: Sequence[Config]) -> list[MeasureResult]:
+        from workers.task import MeasureTask
+
+        tasks = []
+        for config in configs:
+            self._next_id += 1
+            tasks.append(MeasureTask(self._next_id, self._template, self._key, self._target,
+                                     config.to_json(), _measure_options(), self._threads))
+        results = dict((t.measure_id, r) for t, r in self._measurer.measure_many(tasks))
+        return [results[t.measure_id] for t in tasks]
+
+
+class _Progress:
+    """A progress line (rich when installed) with the best GFLOPS so far."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet, self.best, self._bar = total, quiet, 0.0, None
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet:
+            try:
+                from rich.progress import Progress
+            except ImportError:
+                return self
+            self._bar = Progress(transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task("tuning", total=self.total)
+        return self
+
+    def update(self, trial: Any) -> None:
+        self.best = max(self.best, trial.gflops)
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1,
+                             description=f"best {self.best:7.1f} GFLOPS")
+        elif not self.quiet:
+            print(f"trial {trial.trial}/{self.total}: {trial.gflops:.1f} GFLOPS "
+                  f"(best {self.best:.1f})", file=sys.stderr)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

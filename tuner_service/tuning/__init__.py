@@ -1,0 +1,1 @@
+"""Tuning loops: the part that asks a tuner, measures, and tells it (never the strategy)."""
