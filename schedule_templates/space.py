@@ -23,7 +23,8 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _factorizations(extent: int, parts: int, allowed: Callable[[int], bool]) -> list[tuple[int, ...]]:
+def _factorizations(extent: int, parts: int, allowed: Callable[[int], bool]
+                    ) -> list[tuple[int, ...]]:
     """All ordered tuples of ``parts`` factors whose product is ``extent``; the first factor is
     free (outer loop), the others must satisfy ``allowed``."""
     if parts == 1:

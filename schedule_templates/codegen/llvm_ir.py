@@ -350,8 +350,8 @@ class LLVMGenerator:
         if stride == 1:
             return b.load(self._address(scope, e.buffer, base), typ=vec, align=4)
         if stride is not None and 1 < stride <= 4 and e.buffer.slack >= stride - 1:
-            wide = b.load(self._address(scope, e.buffer, base), typ=ir.VectorType(F32, lanes * stride),
-                          align=4)
+            wide_ty = ir.VectorType(F32, lanes * stride)
+            wide = b.load(self._address(scope, e.buffer, base), typ=wide_ty, align=4)
             mask = ir.Constant(ir.VectorType(I32, lanes), [i * stride for i in range(lanes)])
             return b.shuffle_vector(wide, wide, mask)
         out: ir.Value = ir.Constant(vec, None)

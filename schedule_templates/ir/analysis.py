@@ -15,7 +15,6 @@ from schedule_templates.ir.nodes import (
     Loop,
     Select,
     Stmt,
-    Store,
     Var,
     as_expr,
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Union
 
 
 class LoopKind(enum.Enum):
@@ -61,10 +60,10 @@ class Expr:
     def __mod__(self, other: ExprLike) -> Expr:
         return _binop("%", self, other)
 
-    def __lt__(self, other: ExprLike) -> Expr:  # type: ignore[override]
+    def __lt__(self, other: ExprLike) -> Expr:
         return _binop("<", self, other)
 
-    def __ge__(self, other: ExprLike) -> Expr:  # type: ignore[override]
+    def __ge__(self, other: ExprLike) -> Expr:
         return _binop(">=", self, other)
 
     @property
@@ -72,7 +71,7 @@ class Expr:
         raise TypeError(f"{type(self).__name__} has no dtype")
 
 
-ExprLike = Union[Expr, int, float]
+ExprLike = Expr | int | float
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

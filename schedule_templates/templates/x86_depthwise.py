@@ -15,6 +15,7 @@ from schedule_templates.ir.nodes import (
     Allocate,
     Buffer,
     Const,
+    Expr,
     Kernel,
     Load,
     LoopKind,
@@ -90,7 +91,7 @@ class DepthwiseConv2dX86(Template):
         n, oc = q // channels, q % channels
         ic = oc // wl.multiplier
 
-        def src(h: object, w: object) -> Load:
+        def src(h: Expr, w: Expr) -> Load:
             if copy:
                 return pad[n * wl.C + ic, h, w]
             return data[n, ic, h, w]

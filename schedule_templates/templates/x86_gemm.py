@@ -30,7 +30,8 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
-from schedule_templates.templates.base import Template, as_workload as _as, register
+from schedule_templates.templates.base import Template, register
+from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, three_way, vregs
 from schedule_templates.workloads import BatchMatmul, Dense, Workload
 

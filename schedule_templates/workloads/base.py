@@ -54,7 +54,7 @@ class Workload(ABC):
                     f"{self.op}: {name} of shape {shape} exceeds {MAX_TENSOR_ELEMENTS} elements"
                 )
 
-    def validate(self) -> None:
+    def validate(self) -> None:  # noqa: B027 - optional hook, most workloads need none
         """Raise InvalidWorkloadError for impossible combinations; the base checks ranges."""
 
     @property
@@ -129,7 +129,8 @@ def _parse_value(op: str, name: str, kind: str, text: str) -> Any:
         raise InvalidWorkloadError(f"{op}: {name}={text!r} is not an integer") from None
     want = {"int": (1,), "pair": (1, 2), "quad": (1, 2, 4)}[kind]
     if len(numbers) not in want:
-        raise InvalidWorkloadError(f"{op}: {name}={text!r} needs {' or '.join(map(str, want))} values")
+        counts = " or ".join(map(str, want))
+        raise InvalidWorkloadError(f"{op}: {name}={text!r} needs {counts} values")
     if kind == "int":
         return numbers[0]
     return _expand(kind, numbers[0] if len(numbers) == 1 else numbers)

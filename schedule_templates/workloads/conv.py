@@ -72,9 +72,9 @@ class _Window(Workload):
         for r in range(self.R):
             for s in range(self.S):
                 h0, w0 = r * dh, s * dw
-                yield r, s, x[
-                    :, :, h0 : h0 + sh * (self.out_h - 1) + 1 : sh, w0 : w0 + sw * (self.out_w - 1) + 1 : sw
-                ]
+                rows = slice(h0, h0 + sh * (self.out_h - 1) + 1, sh)
+                cols = slice(w0, w0 + sw * (self.out_w - 1) + 1, sw)
+                yield r, s, x[:, :, rows, cols]
 
     def _geometry(self) -> str:
         text = f"{self.R}x{self.S}"
@@ -106,7 +106,8 @@ class Conv2d(_Window):
     }
 
     def input_shapes(self) -> dict[str, Shape]:
-        return {"data": (self.N, self.C, self.H, self.W), "weight": (self.K, self.C, self.R, self.S)}
+        return {"data": (self.N, self.C, self.H, self.W),
+                "weight": (self.K, self.C, self.R, self.S)}
 
     def output_shape(self) -> Shape:
         return (self.N, self.K, self.out_h, self.out_w)
@@ -119,7 +120,8 @@ class Conv2d(_Window):
         out = np.zeros(self.output_shape(), dtype=np.float32)
         for r, s, window in self._windows(inputs["data"]):
             # (K, C) x (N, C, OH, OW) -> (K, N, OH, OW)
-            out += np.tensordot(weight[:, :, r, s], window, axes=([1], [1])).transpose(1, 0, 2, 3)
+            partial = np.tensordot(weight[:, :, r, s], window, axes=([1], [1]))
+            out += partial.transpose(1, 0, 2, 3)
         return out
 
     def describe(self) -> str:

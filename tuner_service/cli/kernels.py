@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from schedule_templates.errors import ScheduleError
@@ -13,7 +12,7 @@ from schedule_templates.records import MeasureOptions, MeasureResult
 from schedule_templates.space import Config
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("space", help="show a workload's knobs and space size")
     _workload_args(p)
     p.add_argument("--json", action="store_true")
@@ -52,7 +51,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--config-index", type=int)
     group.add_argument("--config", help="config JSON ({'index': ...} or {'entity': [...]})")
-    group.add_argument("--default", action="store_true", help="the template's default (the default)")
+    group.add_argument("--default", action="store_true",
+                       help="the template's default config (used when no config is given)")
 
 
 def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Config]:
@@ -157,6 +157,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from schedule_templates.templates.base import get_template
     from schedule_templates.workloads import parse_workload
     from tuner_service.tuners import make_tuner
+    from tuner_service.tuning.isolated import IsolatedMeasure
     from tuner_service.tuning.local_loop import best_trial, tune
 
     try:
@@ -165,9 +166,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuner = make_tuner(args.tuner, workload, template.space(workload), args.seed)
     except (ScheduleError, ValueError) as e:
         return _fail(e)
-    with _IsolatedMeasure(workload.key, template.name, args.target, args.threads) as measure:
-        with _Progress(args.trials, quiet=args.json) as progress:
-            history = tune(workload, tuner, args.trials, measure, args.batch, progress.update)
+    measure = IsolatedMeasure(workload.key, template.name, args.target, args.threads,
+                              _measure_options())
+    with measure, _Progress(args.trials, quiet=args.json) as progress:
+        history = tune(workload, tuner, args.trials, measure, args.batch, progress.update,
+                       initial=[template.default_config(workload).index])
     best = best_trial(history)
     report = {
         "workload": workload.key,
@@ -190,40 +193,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if best is not None else 1
 
 
-class _IsolatedMeasure:
-    """Measures configs in a child process, so a bad kernel cannot take the loop down."""
-
-    def __init__(self, key: str, template: str, target: str, threads: int) -> None:
-        from workers.measure.pool import IsolatedMeasurer  # before workers.backends (import order)
-        from workers.backends import BackendSpec  # isort: skip
-
-        self._key, self._template, self._target, self._threads = key, template, target, threads
-        self._measurer = IsolatedMeasurer(BackendSpec(target.split()[0]), parallel_build=1)
-        self._next_id = 0
-
-    def __enter__(self) -> _IsolatedMeasure:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._measurer.close()
-
-    def __call__(self, configs: Sequence[Config]) -> list[MeasureResult]:
-        from workers.task import MeasureTask
-
-        tasks = []
-        for config in configs:
-            self._next_id += 1
-            tasks.append(MeasureTask(self._next_id, self._template, self._key, self._target,
-                                     config.to_json(), _measure_options(), self._threads))
-        results = dict((t.measure_id, r) for t, r in self._measurer.measure_many(tasks))
-        return [results[t.measure_id] for t in tasks]
-
-
 class _Progress:
     """A progress line (rich when installed) with the best GFLOPS so far."""
 
     def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.quiet, self.best, self._bar = total, quiet, 0.0, None
+        self.total, self.quiet, self.best = total, quiet, 0.0
+        self._bar: Any = None
 
     def __enter__(self) -> _Progress:
         if not self.quiet:

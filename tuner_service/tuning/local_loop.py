@@ -23,12 +23,17 @@ class Trial:
 
 
 def tune(workload: Workload, tuner: Tuner, trials: int, measure: Measure, batch: int = 8,
-         on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
-    """Run up to ``trials`` measurements (fewer if the space runs out)."""
+         on_trial: Callable[[Trial], None] | None = None,
+         initial: Sequence[int] = ()) -> list[Trial]:
+    """Run up to ``trials`` measurements (fewer if the space runs out); ``initial`` configs
+    (for example the template's default) are measured first and told to the tuner."""
     history: list[Trial] = []
     flops = workload.flops()
+    first = [i for i in dict.fromkeys(initial) if tuner.space.is_valid(i)][:trials]
+    tuner.visited.update(first)
     while len(history) < trials:
-        indices = tuner.ask(min(batch, trials - len(history)))
+        indices = first or tuner.ask(min(batch, trials - len(history)))
+        first = []
         if not indices:
             break
         configs = [tuner.space.get(i) for i in indices]

@@ -1,0 +1,114 @@
+"""Tuned kernels against numpy, PyTorch and the machine's measured FMA peak, in one run.
+
+    python bench/kernels.py [--quick] [--threads T] [--trials N] [--json]
+
+Prints one JSON object per workload, then a summary object. Baselines run in fresh processes
+with the same thread count; the peak is our own generated FMA loop on the same threads.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see tuner_service/cli/main.py
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import ALL, MOBILENET_V2_DEPTHWISE, RESNET18_CONVS
+
+from schedule_templates.peak import measure_peak_gflops
+from schedule_templates.records import MeasureOptions
+from schedule_templates.templates.base import get_template
+from schedule_templates.workloads import parse_workload
+from tuner_service.tuners import make_tuner
+from tuner_service.tuning.isolated import IsolatedMeasure
+from tuner_service.tuning.local_loop import best_trial, tune
+
+HERE = Path(__file__).resolve().parent
+
+
+def baselines(key: str, threads: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, str(HERE / "baselines.py"), key, str(threads)],
+                         capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int) -> dict[str, Any]:
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    tuner = make_tuner(tuner_name, workload, template.space(workload), seed)
+    options = MeasureOptions(number=1, repeat=3, min_repeat_ms=40.0)
+    start = time.perf_counter()
+    with IsolatedMeasure(key, template.name, "llvm", threads, options) as measure:
+        history = tune(workload, tuner, trials, measure, batch=8,
+                       initial=[template.default_config(workload).index])
+    best = best_trial(history)
+    default = history[0].gflops if history else 0.0
+    return {
+        "tuned_gflops": best.gflops if best else 0.0,
+        "default_gflops": default,
+        "best_config": best.config.to_json() if best else None,
+        "errors": sum(not t.result.ok for t in history),
+        "tuning_s": time.perf_counter() - start,
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer trials (under 5 minutes)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--trials", type=int, help="trials per workload (default 12 quick, 64)")
+    parser.add_argument("--tuner", default="random")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", help="substring filter on workload keys")
+    parser.add_argument("--json", action="store_true", help="JSON lines only")
+    args = parser.parse_args()
+    trials = args.trials or (12 if args.quick else 64)
+    peak = measure_peak_gflops(args.threads)
+    rows = []
+    for key in [k for k in ALL if not args.only or args.only in k]:
+        row: dict[str, Any] = {"workload": key, "threads": args.threads, "trials": trials}
+        row.update(tune_one(key, args.threads, trials, args.tuner, args.seed))
+        row.update(baselines(key, args.threads))
+        row["peak_gflops"] = peak
+        row["fraction_of_peak"] = ratio(row["tuned_gflops"], peak)
+        row["vs_numpy"] = ratio(row["tuned_gflops"], row["numpy_gflops"])
+        row["vs_torch"] = ratio(row["tuned_gflops"], row["torch_gflops"])
+        rows.append(row)
+        print(json.dumps(row) if args.json else
+              f"{key:<62} tuned {row['tuned_gflops']:7.1f}  torch {row['torch_gflops'] or 0:7.1f}"
+              f"  numpy {row['numpy_gflops'] or 0:7.1f}  peak {peak:6.1f}", flush=True)
+    by_key = {r["workload"]: r for r in rows}
+    summary = {
+        "summary": True, "threads": args.threads, "trials": trials, "peak_gflops": peak,
+        "resnet18_conv_geomean_vs_torch": geomean(
+            [by_key[k]["vs_torch"] for k in RESNET18_CONVS if k in by_key]),
+        "resnet18_3x3_min_fraction_of_peak": min(
+            (by_key[k]["fraction_of_peak"] for k in RESNET18_CONVS
+             if k in by_key and "R=3" in k), default=None),
+        "depthwise_geomean_vs_torch": geomean(
+            [by_key[k]["vs_torch"] for k in MOBILENET_V2_DEPTHWISE if k in by_key]),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

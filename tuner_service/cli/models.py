@@ -1,0 +1,124 @@
+"""``tuner extract`` and ``tuner sample-model``: the ONNX frontend from the command line.
+
+onnx is imported inside the handlers only, so ``tuner --help`` and worker-only installs work
+without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner_service.frontend.samples import SAMPLE_MODELS
+
+if TYPE_CHECKING:
+    from tuner_service.frontend.extract import ExtractionResult
+
+logger = logging.getLogger(__name__)
+
+# Exit status for a model we cannot read or use (argparse also uses 2 for bad usage).
+EXIT_BAD_MODEL = 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    extract = subparsers.add_parser(
+        "extract",
+        help="list the tuning tasks of an ONNX model",
+        description="Extract tunable layers (conv2d, depthwise_conv2d, dense, batch_matmul) "
+        "from an ONNX model, merged by identical workload.",
+    )
+    extract.add_argument("model", type=Path, metavar="MODEL.onnx")
+    extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    extract.set_defaults(func=run_extract)
+
+    sample = subparsers.add_parser(
+        "sample-model",
+        help="write a built-in sample ONNX model",
+        description="Build a sample model in code (random weights, fixed seed) and save it.",
+    )
+    sample.add_argument("name", choices=SAMPLE_MODELS)
+    sample.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
+    sample.set_defaults(func=run_sample_model)
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    from tuner_service.frontend.errors import ModelError
+    from tuner_service.frontend.extract import extract_tasks
+
+    try:
+        data = args.model.read_bytes()
+    except OSError as e:
+        print(f"error: cannot read {args.model}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_BAD_MODEL
+    try:
+        result = extract_tasks(data)
+    except ModelError as e:
+        print(f"error: {args.model}: {e}", file=sys.stderr)
+        return EXIT_BAD_MODEL
+    if args.json:
+        print(json.dumps(result_to_json(result), indent=2))
+    else:
+        print(format_table(result))
+    return 0
+
+
+def run_sample_model(args: argparse.Namespace) -> int:
+    from tuner_service.frontend.samples import sample_model_bytes
+
+    data = sample_model_bytes(args.name)
+    try:
+        args.output.write_bytes(data)
+    except OSError as e:
+        print(f"error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.name} ({len(data) / 1e6:.1f} MB) to {args.output}")
+    return 0
+
+
+def result_to_json(result: ExtractionResult) -> dict[str, Any]:
+    """The JSON form other tools read; field names are fixed."""
+    return {
+        "tasks": [
+            {
+                "workload": task.workload.key,
+                "weight": task.weight,
+                "flops": task.workload.flops(),
+                "description": task.workload.describe(),
+            }
+            for task in result.tasks
+        ],
+        "unsupported": [
+            {"op": u.op, "node": u.node, "reason": u.reason} for u in result.unsupported
+        ],
+    }
+
+
+def format_table(result: ExtractionResult) -> str:
+    """Tasks as aligned columns, then a total and the layers that will not be tuned."""
+    header = ("workload", "key", "weight", "GFLOP")
+    rows = [
+        (t.workload.describe(), t.workload.key, str(t.weight), f"{t.workload.flops() / 1e9:.3f}")
+        for t in result.tasks
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [_row(header, widths), _row(tuple("-" * w for w in widths), widths)]
+    lines += [_row(row, widths) for row in rows]
+    lines.append(
+        f"{len(result.tasks)} tasks, {result.total_flops() / 1e9:.3f} GFLOP per inference "
+        "in tunable layers (GFLOP column: one call)"
+    )
+    if result.unsupported:
+        lines.append(f"{len(result.unsupported)} layers will not be tuned:")
+        lines += [f"  {u.op} {u.node}: {u.reason}" for u in result.unsupported]
+    return "\n".join(lines)
+
+
+def _row(cells: tuple[str, ...], widths: list[int]) -> str:
+    # Text columns left-aligned, numbers (the last two) right-aligned.
+    text = [cell.ljust(w) for cell, w in zip(cells[:2], widths[:2], strict=True)]
+    numbers = [cell.rjust(w) for cell, w in zip(cells[2:], widths[2:], strict=True)]
+    return "  ".join(text + numbers).rstrip()
