@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite: lint, types, tests (what .ci/run calls).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export OPENBLAS_NUM_THREADS=1
+.venv/bin/ruff check schedule_templates workers tuner_service migrations tests bench
+.venv/bin/mypy
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
