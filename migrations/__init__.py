@@ -1,0 +1,1 @@
+"""Alembic migrations: the only thing that creates or changes the service's tables."""

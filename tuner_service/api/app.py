@@ -1,0 +1,89 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` wires settings, the database and the job driver into ``app.state``;
+nothing connects until the app starts. At start it refuses a database that is not at the
+migration head (``tuner db upgrade`` fixes that) and starts the job driver thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from tuner_service import auth
+from tuner_service.api.errors import install_error_handlers
+from tuner_service.api.routes import jobs, models, shared, workers
+from tuner_service.db.engine import Database
+from tuner_service.db.migrate import check_schema
+from tuner_service.jobs.driver import JobDriver
+from tuner_service.settings import Settings, get_settings
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="tuner service",
+        summary="Learned-cost-model autotuning: submit models, measure on workers, fetch configs",
+        version="0.1.0",
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = Database(settings.resolved_database_url)
+    app.state.driver = None
+    install_error_handlers(app)
+    for router in (models.router, jobs.router, workers.router, shared.router):
+        app.include_router(router, prefix=API_PREFIX)
+    _mount_dashboard(app)
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    db: Database = app.state.db
+    if settings.check_schema:
+        await run_in_threadpool(check_schema, db.url)
+    if settings.bootstrap_token is not None:
+        await run_in_threadpool(_bootstrap_token, db, settings.bootstrap_token.get_secret_value())
+    if settings.run_driver:
+        app.state.driver = JobDriver(db, settings)
+        app.state.driver.start()
+    try:
+        yield
+    finally:
+        if app.state.driver is not None:
+            await run_in_threadpool(app.state.driver.stop)
+            app.state.driver = None
+        db.dispose()
+
+
+def _bootstrap_token(db: Database, secret: str) -> None:
+    with db.session() as session:
+        auth.ensure_token(session, secret, "admin", "bootstrap")
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    """Serve the dashboard at ``/`` when its module is installed, else point at the API docs."""
+    try:
+        dashboard = importlib.import_module("tuner_service.dashboard")
+    except ModuleNotFoundError as e:
+        if e.name not in ("tuner_service.dashboard",):
+            raise
+        dashboard = None
+    if dashboard is not None and hasattr(dashboard, "mount"):
+        dashboard.mount(app)
+        return
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")

@@ -1,0 +1,113 @@
+"""Dependencies: settings, database session, bearer-token roles, lookup-or-404.
+
+Routes list their auth dependency (``UserToken``, ``WorkerToken``, ``Reader``) first: FastAPI
+solves dependencies in parameter order, and the token check runs in its own short transaction,
+which must end before the request's session starts one (SQLite admits one writer at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from tuner_service import auth
+from tuner_service.api.schemas import MAX_ID
+from tuner_service.db.engine import Database
+from tuner_service.db.errors import AuthError, ForbiddenError, NotFoundError
+from tuner_service.db.models import Job, Token, Worker
+from tuner_service.jobs.driver import JobDriver
+from tuner_service.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="a token from `tuner token create`")
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_db(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
+
+
+def get_driver(request: Request) -> JobDriver | None:
+    driver: JobDriver | None = getattr(request.app.state, "driver", None)
+    return driver
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+DbDep = Annotated[Database, Depends(get_db)]
+DriverDep = Annotated[JobDriver | None, Depends(get_driver)]
+
+
+def get_session(db: DbDep) -> Iterator[Session]:
+    with db.session() as session:
+        yield session
+
+
+# scope="function": commit before the answer leaves, so a client never reads behind its write
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _token(db: Database, credentials: HTTPAuthorizationCredentials | None) -> Token:
+    if credentials is None or not credentials.credentials:
+        raise AuthError("missing bearer token (Authorization: Bearer <token>)")
+    with db.session() as session:
+        token = auth.authenticate(session, credentials.credentials)
+    if token is None:
+        raise AuthError("invalid or revoked token")
+    return token
+
+
+def require(*roles: str) -> Callable[[DbDep, Credentials], Token]:
+    def dependency(db: DbDep, credentials: Credentials) -> Token:
+        token = _token(db, credentials)
+        if not auth.allows(token.role, roles):
+            raise ForbiddenError(f"a {token.role} token cannot do this; needs {' or '.join(roles)}")
+        return token
+
+    return dependency
+
+
+def reader(db: DbDep, settings: SettingsDep, credentials: Credentials) -> Token | None:
+    """Reads are open unless ``read_requires_token`` is set (then any valid token reads)."""
+    if not settings.read_requires_token:
+        return None
+    return _token(db, credentials)
+
+
+UserToken = Annotated[Token, Depends(require("user"))]
+WorkerToken = Annotated[Token, Depends(require("worker"))]
+Reader = Annotated[Token | None, Depends(reader)]
+
+
+def job_or_404(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} not found")
+    return job
+
+
+def own_worker(db: DbDep, token: WorkerToken,
+               worker_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Worker:
+    """The worker row, which only the token that registered it (or an admin) may act for.
+
+    Read in its own short transaction: the long-poll claim must not hold one open (on SQLite
+    an open write transaction would block every other writer for the whole wait)."""
+    with db.session() as session:
+        worker = session.get(Worker, worker_id)
+    if worker is None:
+        raise NotFoundError(f"worker {worker_id} not found; register again")
+    if token.role != "admin" and worker.token_id != token.id:
+        raise ForbiddenError(f"worker {worker_id} was registered with another token")
+    return worker
+
+
+JobDep = Annotated[Job, Depends(job_or_404)]
+WorkerDep = Annotated[Worker, Depends(own_worker)]

@@ -1,0 +1,243 @@
+"""Request and response bodies. Field names here are part of the public contract."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schedule_templates.records import MeasureResult
+
+MAX_ID = 2**31 - 1  # ids are 32-bit integers in the database
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- models and jobs -------------------------------------------------------------------------
+
+class TaskPublic(BaseModel):
+    task_id: int
+    workload: str
+    weight: int
+    flops: int
+
+
+class UnsupportedPublic(BaseModel):
+    op: str
+    node: str
+    reason: str
+
+
+class ModelPublic(BaseModel):
+    model_id: int
+    name: str = ""
+    sha256: str = ""
+    tasks: list[TaskPublic]
+    unsupported: list[UnsupportedPublic]
+
+
+class MeasureOptionsIn(Body):
+    """Overrides of the run protocol for one job; unset fields keep the server defaults."""
+
+    number: int | None = Field(default=None, ge=1, le=1_000_000)
+    repeat: int | None = Field(default=None, ge=1, le=1000)
+    min_repeat_ms: float | None = Field(default=None, ge=0, le=60_000)
+    flush_cache: bool | None = None
+    build_timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    run_timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    check_correctness: bool | None = None
+
+
+class JobCreate(Body):
+    model_id: Id | None = None
+    workloads: list[str] | None = Field(default=None, max_length=10_000)
+    target: str = Field(default="llvm", min_length=1, max_length=255)
+    device_key: str | None = Field(default=None, max_length=255)
+    trials_per_task: int = Field(default=64, ge=1, le=1_000_000)
+    tuner: str = Field(default="random", max_length=64)
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    options: MeasureOptionsIn = Field(default_factory=MeasureOptionsIn)
+
+
+class JobCreated(BaseModel):
+    job_id: int
+
+
+class JobTaskPublic(BaseModel):
+    task_id: int
+    workload: str
+    weight: int
+    flops: int
+    template: str | None
+    description: str
+    trials_done: int
+    trials_budget: int
+    best_gflops: float | None
+    best_latency_s: float | None
+    status: str
+    message: str = ""
+
+
+class JobSummary(BaseModel):
+    job_id: int
+    status: str
+    message: str = ""
+    model_id: int | None
+    target: str
+    device_key: str | None
+    tuner: str
+    trials_per_task: int
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+
+
+class JobPublic(JobSummary):
+    tasks: list[JobTaskPublic]
+
+
+class JobListItem(JobSummary):
+    tasks: int
+    trials_done: int
+    trials_budget: int
+
+
+class TaskConfigPublic(JobTaskPublic):
+    template_version: int | None
+    config: dict[str, Any] | None
+    measure_id: int | None
+
+
+class JobConfigs(BaseModel):
+    job_id: int
+    target: str
+    status: str
+    tasks: list[TaskConfigPublic]
+
+
+class HistoryPoint(BaseModel):
+    trial: int
+    measure_id: int
+    config_index: int
+    gflops: float
+    latency_s: float | None
+    error_kind: int | None
+    error_message: str
+    worker_id: int | None
+    timestamp: str | None
+
+
+class JobHistory(BaseModel):
+    job_id: int
+    task_id: int
+    points: list[HistoryPoint]
+
+
+# ---- worker protocol -------------------------------------------------------------------------
+
+class WorkerRegister(Body):
+    device_key: str = Field(min_length=1, max_length=255)
+    target: str = Field(min_length=1, max_length=255)
+    name: str = Field(default="", max_length=255)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    software: dict[str, Any] = Field(default_factory=dict)
+
+
+class WorkerRegistered(BaseModel):
+    worker_id: int
+    lease_s: float
+    heartbeat_s: float
+
+
+class MeasureIds(Body):
+    measure_ids: list[Id] = Field(default_factory=list, max_length=10_000)
+
+
+class HeartbeatAnswer(BaseModel):
+    extended: list[int]
+    lost: list[int]
+
+
+class ClaimRequest(Body):
+    max_items: int = Field(default=1, ge=1, le=10_000)
+    wait_s: float = Field(default=0.0, ge=0.0, le=3600.0)
+
+
+class ClaimAnswer(BaseModel):
+    items: list[dict[str, Any]]
+
+
+class ResultIn(Body):
+    measure_id: Id
+    costs: list[float] = Field(default_factory=list, max_length=100_000)
+    error_kind: int = Field(default=0, ge=0, le=8)
+    error_message: str = ""
+    compile_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    peak_gflops: float | None = None
+
+    def to_result(self) -> MeasureResult:
+        return MeasureResult.from_json(self.model_dump())
+
+
+class ResultsIn(Body):
+    results: list[ResultIn] = Field(max_length=10_000)
+
+
+class Rejected(BaseModel):
+    measure_id: int
+    reason: str
+
+
+class ResultsAnswer(BaseModel):
+    accepted: list[int]
+    duplicates: list[int]
+    rejected: list[Rejected]
+
+
+class ReleaseAnswer(BaseModel):
+    released: list[int]
+
+
+class WorkerPublic(BaseModel):
+    worker_id: int
+    name: str
+    device_key: str
+    target: str
+    hardware: dict[str, Any]
+    software: dict[str, Any]
+    registered_at: str | None
+    last_heartbeat: str | None
+    online: bool
+
+
+# ---- shared log ------------------------------------------------------------------------------
+
+class TuningLogPublic(BaseModel):
+    workload: str
+    op: str
+    target: str
+    template: str
+    template_version: int
+    config: dict[str, Any]
+    mean_cost: float
+    gflops: float
+    measurement_id: int | None
+    job_id: int | None
+    device_key: str | None
+    updated_at: str | None
+
+
+class ImportAnswer(BaseModel):
+    imported: int
+    duplicates: int
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    schema_revision: str | None
+    version: str

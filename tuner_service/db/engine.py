@@ -1,0 +1,100 @@
+"""Engines and the one session scope: commit on success, roll back on error, always close.
+
+Database errors are translated here into ``DatabaseError``/``ConflictError`` so callers above
+this edge never see SQLAlchemy exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tuner_service.db.errors import ConflictError, DatabaseError, TunerServiceError
+
+logger = logging.getLogger(__name__)
+
+
+def normalize_url(url: str) -> str:
+    """Plain ``postgresql://`` URLs use psycopg 3 (the driver we install)."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, parsed.database)
+    # pre-ping lets the pool recover by itself after a database restart
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
+
+
+def _sqlite_engine(url: str, path: str | None) -> Engine:
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": 30, "isolation_level": None}
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=30000",
+                       "synchronous=NORMAL"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Take the write lock up front: a deferred transaction that reads and then writes can
+        # fail with "database is locked" when another writer committed in between.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Database:
+    """An engine plus its session factory; one per process (or per app in tests)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = normalize_url(url)
+        self.engine = make_engine(self.url)
+        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        session = self._factory()
+        try:
+            yield session
+            session.commit()
+        except TunerServiceError:
+            session.rollback()
+            raise
+        except IntegrityError as e:
+            session.rollback()
+            raise ConflictError(f"conflicting write: {e.orig}") from e
+        except SQLAlchemyError as e:
+            session.rollback()
+            logger.warning("database error: %s", e)
+            raise DatabaseError(f"database unavailable or failed: {type(e).__name__}") from e
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def dispose(self) -> None:
+        self.engine.dispose()

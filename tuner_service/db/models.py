@@ -1,0 +1,179 @@
+"""ORM tables. Alembic (``migrations/``) is the only thing that creates or changes them.
+
+Timestamps are written by the database clock (``utcnow``) wherever they take part in leases.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NOW = text("CURRENT_TIMESTAMP")
+Timestamp = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    unsupported: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
+
+
+class Task(Base):
+    """One tunable workload of a model (or of a job given as a workload list)."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    workload_key: Mapped[str] = mapped_column(String(512))
+    op: Mapped[str] = mapped_column(String(64))
+    weight: Mapped[int] = mapped_column(Integer, default=1)
+    flops: Mapped[int] = mapped_column(BigInteger)
+    nodes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"))
+    target: Mapped[str] = mapped_column(String(255))
+    device_key: Mapped[str | None] = mapped_column(String(255))
+    trials_per_task: Mapped[int] = mapped_column(Integer)
+    tuner: Mapped[str] = mapped_column(String(64))
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    threads: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
+    started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    #: the server process that drives this job's tuners, and until when (database clock)
+    driver_owner: Mapped[str | None] = mapped_column(String(64))
+    driver_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+
+class JobTask(Base):
+    __tablename__ = "job_tasks"
+    __table_args__ = (UniqueConstraint("job_id", "task_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    template: Mapped[str | None] = mapped_column(String(128))
+    template_version: Mapped[int | None] = mapped_column(Integer)
+    trials_budget: Mapped[int] = mapped_column(Integer)
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    best_measurement_id: Mapped[int | None] = mapped_column(Integer)
+    best_cost: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Measurement(Base):
+    """One candidate: queued -> leased -> done. Imported records arrive already done."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        Index("ix_measurements_claim", "state", "target", "device_key", "id"),
+        Index("ix_measurements_workload", "workload_key", "target"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uid: Mapped[str] = mapped_column(String(64), unique=True)
+    job_task_id: Mapped[int | None] = mapped_column(
+        ForeignKey("job_tasks.id", ondelete="CASCADE"), index=True
+    )
+    config_index: Mapped[int] = mapped_column(BigInteger)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    template: Mapped[str] = mapped_column(String(128))
+    template_version: Mapped[int] = mapped_column(Integer)
+    workload_key: Mapped[str] = mapped_column(String(512))
+    target: Mapped[str] = mapped_column(String(255))
+    device_key: Mapped[str | None] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    lease_owner: Mapped[int | None] = mapped_column(Integer)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    costs: Mapped[list[Any] | None] = mapped_column(JSON)
+    mean_cost: Mapped[float | None] = mapped_column(Float)
+    error_kind: Mapped[int | None] = mapped_column(Integer)
+    error_message: Mapped[str] = mapped_column(Text, default="")
+    compile_time_s: Mapped[float | None] = mapped_column(Float)
+    wall_time_s: Mapped[float | None] = mapped_column(Float)
+    peak_gflops: Mapped[float | None] = mapped_column(Float)
+    worker_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    device_key: Mapped[str] = mapped_column(String(255))
+    target: Mapped[str] = mapped_column(String(255))
+    hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    software: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    registered_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
+    last_heartbeat: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class TuningLogEntry(Base):
+    """The best known config per (workload, target), across all jobs, users and imports."""
+
+    __tablename__ = "tuning_log"
+    __table_args__ = (UniqueConstraint("workload_key", "target"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_key: Mapped[str] = mapped_column(String(512))
+    op: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(255))
+    template: Mapped[str] = mapped_column(String(128))
+    template_version: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    mean_cost: Mapped[float] = mapped_column(Float)
+    gflops: Mapped[float] = mapped_column(Float)
+    measurement_id: Mapped[int | None] = mapped_column(Integer)
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    device_key: Mapped[str | None] = mapped_column(String(255))
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)

@@ -1,0 +1,1 @@
+"""Jobs: model uploads, job creation, the measurement queue, results, the job driver."""

@@ -1,0 +1,164 @@
+"""The job driver: a background thread in the server that keeps each job's queue topped up.
+
+Only the process holding a job's driver lease (a row lease on the database clock, renewed every
+step) drives it, so several server processes can share one database. The strategy lives in the
+tuners and the task scheduler; this loop only leases, records and hands out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+
+from sqlalchemy import or_, update
+from sqlalchemy.orm import Session
+
+from schedule_templates.errors import ScheduleError
+from tuner_service.db.clock import utcnow, utcnow_plus
+from tuner_service.db.engine import Database
+from tuner_service.db.errors import DatabaseError, TunerServiceError
+from tuner_service.db.models import Job
+from tuner_service.jobs.queue import requeue_expired
+from tuner_service.jobs.run import JobRun, Observed
+from tuner_service.jobs.scheduler import make_scheduler
+from tuner_service.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+ACTIVE = ("queued", "running")
+
+
+def new_owner_id() -> str:
+    return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class JobDriver:
+    def __init__(self, db: Database, settings: Settings, owner: str | None = None) -> None:
+        self.db = db
+        self.settings = settings
+        self.owner = owner or new_owner_id()
+        self._runs: dict[int, JobRun] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="job-driver", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._release_all()
+
+    def wake(self) -> None:
+        """Run a step soon (new results or a new job arrived)."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        logger.info("job driver %s started", self.owner)
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except DatabaseError as e:
+                logger.warning("job driver: %s; retrying", e)
+                self._runs.clear()
+            except Exception:
+                logger.exception("job driver step failed")
+                self._runs.clear()
+            self._wake.wait(self.settings.driver_interval_s)
+            self._wake.clear()
+
+    def step(self) -> None:
+        """One pass: return expired leases, renew/take job leases, advance every owned job."""
+        with self.db.session() as session:
+            requeue_expired(session, self.settings.max_attempts)
+        owned = self._acquire()
+        for job_id in set(self._runs) - owned:
+            logger.info("job %d: no longer driven by %s", job_id, self.owner)
+            self._runs.pop(job_id, None)
+        for job_id in sorted(owned):
+            self._drive(job_id)
+
+    def _acquire(self) -> set[int]:
+        lease = (Job.driver_owner.is_(None), Job.driver_owner == self.owner,
+                 Job.driver_expires_at < utcnow())
+        with self.db.session() as session:
+            owned = set(session.scalars(
+                update(Job).where(Job.status.in_(ACTIVE), or_(*lease))
+                .values(driver_owner=self.owner,
+                        driver_expires_at=utcnow_plus(self.settings.driver_lease_s))
+                .returning(Job.id).execution_options(synchronize_session=False)
+            ).all())
+            if owned:
+                session.execute(update(Job).where(Job.id.in_(owned), Job.status == "queued")
+                                .values(status="running", started_at=utcnow())
+                                .execution_options(synchronize_session=False))
+        return owned
+
+    def _drive(self, job_id: int) -> None:
+        """Read results (one transaction), learn and propose (none), record (another)."""
+        try:
+            run, observed = self._observe(job_id)
+            if run is None:
+                return
+            run.learn(observed)
+            proposals = run.propose(self.settings.queue_depth, self.settings.batch_size)
+            with self.db.session() as session:
+                if self._locked_job(session, job_id) is None:
+                    return
+                finished = run.record(session, proposals)
+            if finished:
+                self._runs.pop(job_id, None)
+        except DatabaseError:
+            self._runs.pop(job_id, None)  # rebuilt from what was committed
+            raise
+        except (ScheduleError, TunerServiceError, ValueError) as e:
+            self._fail(job_id, str(e))
+        except Exception as e:
+            self._runs.pop(job_id, None)
+            logger.exception("job %d: driver bug", job_id)
+            self._fail(job_id, f"internal error: {type(e).__name__}: {e}")
+
+    def _observe(self, job_id: int) -> tuple[JobRun | None, Observed]:
+        with self.db.session() as session:
+            job = self._locked_job(session, job_id)
+            if job is None:
+                return None, []
+            run = self._runs.get(job_id)
+            if run is None:
+                run = JobRun.rebuild(session, job, make_scheduler())
+                self._runs[job_id] = run
+            return run, run.observe(session)
+
+    def _locked_job(self, session: Session, job_id: int) -> Job | None:
+        """The job if this driver still holds it. The row lock orders a driver write with a
+        concurrent cancel (PostgreSQL; SQLite serializes writers anyway)."""
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None or job.status not in ACTIVE or job.driver_owner != self.owner:
+            self._runs.pop(job_id, None)
+            return None
+        return job
+
+    def _fail(self, job_id: int, message: str) -> None:
+        logger.warning("job %d failed: %s", job_id, message)
+        self._runs.pop(job_id, None)
+        with self.db.session() as session:
+            session.execute(update(Job).where(Job.id == job_id).values(
+                status="failed", message=message[:2000], finished_at=utcnow(),
+                driver_owner=None, driver_expires_at=None))
+
+    def _release_all(self) -> None:
+        """Let another server take over at once instead of waiting for the lease to expire."""
+        try:
+            with self.db.session() as session:
+                session.execute(update(Job).where(Job.driver_owner == self.owner)
+                                .values(driver_owner=None, driver_expires_at=None))
+        except TunerServiceError as e:
+            logger.warning("could not release job leases: %s", e)
+        self._runs.clear()

@@ -1,0 +1,126 @@
+"""Measurement records as JSON lines, so tuning logs move between deployments.
+
+Export writes every finished measurement; import validates each line against its template's
+space, stores all lines in one transaction (or none), skips records already present (by
+``uid``) and folds good results into the shared tuning log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from schedule_templates.errors import ScheduleError
+from schedule_templates.records import ErrorKind, MeasureResult
+from tuner_service.db.errors import InvalidInputError
+from tuner_service.db.models import Measurement
+from tuner_service.jobs.results import measurement_result, update_tuning_log
+from tuner_service.jobs.templates import SpaceCache
+from tuner_service.jobs.views import iso
+
+RECORD_VERSION = 1
+
+
+def export_record(m: Measurement) -> dict[str, Any]:
+    return {
+        "uid": m.uid, "workload": m.workload_key, "target": m.target, "template": m.template,
+        "template_version": m.template_version, "config": m.config,
+        "result": {**measurement_result(m).to_json(), "peak_gflops": m.peak_gflops},
+        "device_key": m.device_key, "timestamp": iso(m.finished_at),
+        "record_version": RECORD_VERSION,
+    }
+
+
+def export_lines(session: Session, workload: str | None, target: str | None,
+                 since: dt.datetime | None) -> Iterator[str]:
+    query = select(Measurement).where(Measurement.state == "done")
+    if workload:
+        query = query.where(Measurement.workload_key == workload)
+    if target:
+        query = query.where(Measurement.target == target)
+    if since is not None:
+        # stored times are UTC (SQLite keeps them naive), so compare in UTC
+        if since.tzinfo is not None:
+            since = since.astimezone(dt.UTC).replace(tzinfo=None)
+        query = query.where(Measurement.finished_at >= since)
+    for m in session.scalars(query.order_by(Measurement.id).execution_options(yield_per=500)):
+        yield json.dumps(export_record(m)) + "\n"
+
+
+def import_lines(session: Session, text: str, max_lines: int) -> dict[str, Any]:
+    """Validate every line first; any bad line rejects the whole import (422 lists them)."""
+    parsed, errors = [], []
+    spaces = SpaceCache()
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if len(lines) > max_lines:
+        raise InvalidInputError(f"too many records ({len(lines)} > {max_lines})")
+    for number, line in lines:
+        try:
+            parsed.append(_parse_line(line, spaces))
+        except (ValueError, TypeError, KeyError, ScheduleError) as e:
+            errors.append({"line": number, "reason": str(e)[:500]})
+    if errors:
+        raise InvalidInputError({"message": "invalid records", "errors": errors[:100]})
+    return _store(session, parsed)
+
+
+def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
+    record = json.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError("a record must be a JSON object")
+    config = spaces.validate(str(record["template"]), int(record["template_version"]),
+                             str(record["workload"]), record["config"])
+    result_json = record.get("result") or {}
+    if not isinstance(result_json, dict):
+        raise ValueError("'result' must be an object")
+    result = MeasureResult.from_json(result_json)
+    if result.error is ErrorKind.NONE and (not result.costs or min(result.costs) <= 0):
+        raise ValueError("a result without error needs positive costs")
+    uid = str(record.get("uid") or hashlib.sha256(line.strip().encode()).hexdigest())
+    finished = _timestamp(record.get("timestamp"))
+    peak = result_json.get("peak_gflops")
+    return Measurement(
+        uid=uid[:64], job_task_id=None, config_index=config.index, config=config.to_json(),
+        template=str(record["template"]), template_version=int(record["template_version"]),
+        workload_key=str(record["workload"]), target=str(record["target"]),
+        device_key=record.get("device_key"), state="done", attempts=0,
+        costs=list(result.costs), mean_cost=result.mean_cost if result.ok else None,
+        error_kind=int(result.error), error_message=result.error_message,
+        compile_time_s=result.compile_time_s, wall_time_s=result.wall_time_s,
+        peak_gflops=float(peak) if peak is not None else None, finished_at=finished,
+    )
+
+
+def _timestamp(value: Any) -> dt.datetime | None:
+    if value in (None, ""):
+        return None
+    if isinstance(value, int | float):
+        return dt.datetime.fromtimestamp(float(value), dt.UTC)
+    parsed = dt.datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def _store(session: Session, records: list[Measurement]) -> dict[str, Any]:
+    uids = [r.uid for r in records]
+    known: set[str] = set()
+    for start in range(0, len(uids), 500):
+        chunk = uids[start:start + 500]
+        known.update(session.scalars(select(Measurement.uid).where(Measurement.uid.in_(chunk))))
+    fresh, seen = [], set()
+    for r in records:
+        if r.uid in known or r.uid in seen:
+            continue
+        seen.add(r.uid)
+        fresh.append(r)
+    session.add_all(fresh)
+    session.flush()
+    for r in fresh:
+        if r.mean_cost is not None:
+            update_tuning_log(session, r, job_id=None)
+    return {"imported": len(fresh), "duplicates": len(records) - len(fresh)}

@@ -1,0 +1,186 @@
+"""The in-memory driving state of one job: a tuner per task, rebuilt from the database.
+
+A ``JobRun`` is only ever advanced inside a session by the process holding the job's driver
+lease. If a step's transaction fails, the caller drops the run and rebuilds it from the
+database, so tuner state never holds proposals that were not stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from schedule_templates.records import MeasureResult
+from schedule_templates.space import ConfigSpace
+from schedule_templates.workloads import parse_workload
+from tuner_service.db.clock import utcnow
+from tuner_service.db.models import Job, JobTask, Measurement, Task
+from tuner_service.jobs.results import measurement_result
+from tuner_service.jobs.scheduler import TaskLoad, TaskScheduler
+from tuner_service.jobs.templates import template_named
+from tuner_service.tuners import Tuner, make_tuner
+
+logger = logging.getLogger(__name__)
+
+PENDING = ("queued", "leased")
+
+
+@dataclasses.dataclass
+class TaskRun:
+    job_task_id: int
+    workload_key: str
+    template: Any
+    space: ConfigSpace
+    tuner: Tuner
+    budget: int
+    done: int = 0
+    pending: set[int] = dataclasses.field(default_factory=set)
+    finished: bool = False
+    exhausted: bool = False
+
+    def load(self) -> TaskLoad:
+        if self.finished or self.exhausted:
+            return TaskLoad(remaining=0, in_flight=len(self.pending))
+        return TaskLoad(max(0, self.budget - self.done - len(self.pending)), len(self.pending))
+
+
+#: (task, config indices, their results) to tell a task's tuner
+Observed = list[tuple[TaskRun, list[int], list[MeasureResult]]]
+
+
+class JobRun:
+    def __init__(self, job: Job, tasks: list[TaskRun], scheduler: TaskScheduler) -> None:
+        self.job_id = job.id
+        self.target = job.target
+        self.device_key = job.device_key
+        self.tasks = tasks
+        self.scheduler = scheduler
+        self._backlog: Observed = []
+
+    @classmethod
+    def rebuild(cls, session: Session, job: Job, scheduler: TaskScheduler) -> JobRun:
+        """Recreate every task's tuner by replaying its recorded measurements."""
+        rows = session.execute(
+            select(JobTask, Task.workload_key).join(Task, Task.id == JobTask.task_id)
+            .where(JobTask.job_id == job.id, JobTask.template.is_not(None))
+            .order_by(JobTask.id)
+        ).all()
+        run = cls(job, [], scheduler)
+        for jt, key in rows:
+            task, measured = _rebuild_task(session, job, jt, key)
+            run.tasks.append(task)
+            if measured:
+                run._backlog.append(_observation(task, measured))
+        logger.info("job %d: rebuilt %d task tuners", job.id, len(run.tasks))
+        return run
+
+    def observe(self, session: Session) -> Observed:
+        """Read new results of in-flight candidates and the trial counts (no writes).
+
+        Results found while rebuilding are returned first, so ``learn`` replays them."""
+        observed, self._backlog = self._backlog, []
+        by_id = {mid: t for t in self.tasks for mid in t.pending}
+        done = session.scalars(
+            select(Measurement).where(Measurement.id.in_(list(by_id)),
+                                      Measurement.state.not_in(PENDING)).order_by(Measurement.id)
+        ).all() if by_id else []
+        grouped: dict[int, list[Measurement]] = defaultdict(list)
+        for m in done:
+            by_id[m.id].pending.discard(m.id)
+            if m.state == "done":
+                grouped[m.job_task_id or 0].append(m)
+        observed += [_observation(task, grouped[task.job_task_id]) for task in self.tasks
+                     if grouped.get(task.job_task_id)]
+        counts: dict[int, int] = dict(session.execute(
+            select(JobTask.id, JobTask.trials_done).where(JobTask.job_id == self.job_id)
+        ).all())
+        for task in self.tasks:
+            task.done = counts.get(task.job_task_id, task.done)
+        return observed
+
+    @staticmethod
+    def learn(observed: Observed) -> None:
+        """Tell each task's tuner its results; outside any transaction (a model fit is slow)."""
+        for task, indices, results in observed:
+            task.tuner.tell(indices, results)
+
+    def propose(self, queue_depth: int, batch_size: int) -> list[tuple[TaskRun, list[int]]]:
+        """Ask the tuners the scheduler picks for new configs; empty answers mark exhaustion."""
+        in_flight = sum(len(t.pending) for t in self.tasks)
+        loads = [t.load() for t in self.tasks]
+        proposals = []
+        for position, n in self.scheduler.allocate(loads, queue_depth - in_flight, batch_size):
+            task = self.tasks[position]
+            indices = task.tuner.ask(n)
+            if indices:
+                proposals.append((task, indices))
+            else:
+                task.exhausted = True
+        return proposals
+
+    def record(self, session: Session, proposals: list[tuple[TaskRun, list[int]]]) -> bool:
+        """Queue the proposed candidates and finish what is done; True when the job is done."""
+        for task, indices in proposals:
+            rows = [self._measurement(task, i) for i in indices]
+            session.add_all(rows)
+            session.flush()
+            task.pending.update(r.id for r in rows)
+            session.execute(update(JobTask).where(JobTask.id == task.job_task_id,
+                                                  JobTask.status == "queued")
+                            .values(status="running"))
+        return self._finish(session)
+
+    def _measurement(self, task: TaskRun, index: int) -> Measurement:
+        return Measurement(
+            uid=uuid.uuid4().hex, job_task_id=task.job_task_id, config_index=index,
+            config=task.space.get(index).to_json(), template=task.template.name,
+            template_version=int(task.template.version), workload_key=task.workload_key,
+            target=self.target, device_key=self.device_key, state="queued", attempts=0,
+            error_message="",
+        )
+
+    def _finish(self, session: Session) -> bool:
+        for task in self.tasks:
+            if task.finished or task.pending:
+                continue
+            if task.done >= task.budget or task.exhausted:
+                task.finished = True
+                message = "search space exhausted" if task.done < task.budget else ""
+                session.execute(update(JobTask).where(JobTask.id == task.job_task_id)
+                                .values(status="done", message=message))
+        if not all(t.finished for t in self.tasks):
+            return False
+        session.execute(update(Job).where(Job.id == self.job_id).values(
+            status="done", finished_at=utcnow(), driver_owner=None, driver_expires_at=None))
+        logger.info("job %d done", self.job_id)
+        return True
+
+
+def _observation(task: TaskRun, done: list[Measurement]
+                 ) -> tuple[TaskRun, list[int], list[MeasureResult]]:
+    return task, [m.config_index for m in done], [measurement_result(m) for m in done]
+
+
+def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str
+                  ) -> tuple[TaskRun, list[Measurement]]:
+    """A fresh tuner for one task, plus its finished measurements to replay with ``tell``."""
+    template = template_named(jt.template or "")
+    workload = parse_workload(workload_key)
+    space = template.space(workload)
+    tuner = make_tuner(job.tuner, workload, space, seed=(job.id << 20) ^ jt.id)
+    task = TaskRun(jt.id, workload_key, template, space, tuner, budget=jt.trials_budget,
+                   done=jt.trials_done, finished=jt.status == "done")
+    measured = session.scalars(
+        select(Measurement).where(Measurement.job_task_id == jt.id).order_by(Measurement.id)
+    ).all()
+    pending = [m for m in measured if m.state in PENDING]
+    task.pending = {m.id for m in pending}
+    # in-flight and withdrawn configs must not be proposed again
+    tuner.visited.update(m.config_index for m in measured if m.state != "done")
+    return task, [m for m in measured if m.state == "done"]

@@ -1,0 +1,112 @@
+"""Service settings: one pydantic-settings object (environment prefix ``TUNER_``).
+
+Built by ``get_settings()`` (cached) for the CLI, or passed explicitly to ``create_app`` (tests);
+routes receive it through a dependency. Nothing else in the package reads the environment.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schedule_templates.records import MeasureOptions
+
+#: example values from the docs; never acceptable outside development
+_DEFAULT_SECRETS = frozenset({"", "change-me", "changeme", "secret", "admin", "tuner"})
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Path(".tuner")
+    #: empty means a SQLite file in ``data_dir``; a PostgreSQL URL makes a shared deployment
+    database_url: str = ""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    # Work queue
+    lease_s: float = Field(default=60.0, gt=0)
+    heartbeat_s: float = Field(default=15.0, gt=0)
+    claim_max_wait_s: float = Field(default=30.0, ge=0)
+    claim_max_items: int = Field(default=64, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
+
+    # Job driver
+    batch_size: int = Field(default=8, ge=1)  # configs asked from a task's tuner at once
+    queue_depth: int = Field(default=16, ge=1)  # measurements in flight per job
+    driver_interval_s: float = Field(default=0.5, gt=0)
+    driver_lease_s: float = Field(default=30.0, gt=0)
+    run_driver: bool = True
+
+    # Inputs
+    max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    max_import_lines: int = Field(default=1_000_000, ge=1)
+
+    # Security
+    read_requires_token: bool = False
+    #: an admin token accepted from the environment (deployments); stored hashed at start
+    bootstrap_token: SecretStr | None = None
+    check_schema: bool = True
+
+    # Defaults of the run protocol sent to workers
+    measure_number: int = Field(default=1, ge=1)
+    measure_repeat: int = Field(default=3, ge=1)
+    measure_min_repeat_ms: float = Field(default=50.0, ge=0)
+    measure_flush_cache: bool = False
+    build_timeout_s: float = Field(default=20.0, gt=0)
+    run_timeout_s: float = Field(default=20.0, gt=0)
+    #: threads per measurement when a job does not say (a worker caps it at what it allows)
+    measure_threads: int = Field(default=1, ge=1)
+
+    # Client side (CLI)
+    server_url: str = ""
+    token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _refuse_default_secrets(self) -> Settings:
+        if self.environment == "development" or self.bootstrap_token is None:
+            return self
+        secret = self.bootstrap_token.get_secret_value()
+        if secret.lower() in _DEFAULT_SECRETS or len(secret) < 24:
+            raise ValueError(
+                "TUNER_BOOTSTRAP_TOKEN is a default or short secret; outside development "
+                "set a random value of at least 24 characters (or leave it unset)"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'tuner.db').resolve()}"
+
+    @property
+    def client_file(self) -> Path:
+        """Where the embedded mode saves the server URL and token for the CLI."""
+        return self.data_dir / "client.json"
+
+    def measure_options(self) -> MeasureOptions:
+        return MeasureOptions(
+            number=self.measure_number,
+            repeat=self.measure_repeat,
+            min_repeat_ms=self.measure_min_repeat_ms,
+            flush_cache=self.measure_flush_cache,
+            build_timeout_s=self.build_timeout_s,
+            run_timeout_s=self.run_timeout_s,
+        )
+
+    def with_overrides(self, **values: Any) -> Settings:
+        """A copy with some fields replaced (CLI flags); ``None`` values are ignored."""
+        given = {k: v for k, v in values.items() if v is not None}
+        return self.model_validate({**self.model_dump(), **given}) if given else self
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process settings from the environment, built on first use."""
+    return Settings()
