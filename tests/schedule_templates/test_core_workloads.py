@@ -8,7 +8,7 @@ from schedule_templates.workloads import make_workload, parse_workload
 
 
 def naive_conv(data, weight, stride, pad, dilation, groups):
-    n_, c_, h_, w_ = data.shape
+    n_, _, h_, w_ = data.shape
     k_, cg, r_, s_ = weight.shape
     top, left, bottom, right = pad
     x = np.pad(data, ((0, 0), (0, 0), (top, bottom), (left, right)))
@@ -23,8 +23,9 @@ def naive_conv(data, weight, stride, pad, dilation, groups):
                 for c in range(cg):
                     for r in range(r_):
                         for s in range(s_):
-                            out[:, k, y, x_] += x[:, g * cg + c, y * stride[0] + r * dilation[0],
-                                                  x_ * stride[1] + s * dilation[1]] * weight[k, c, r, s]
+                            row = y * stride[0] + r * dilation[0]
+                            col = x_ * stride[1] + s * dilation[1]
+                            out[:, k, y, x_] += x[:, g * cg + c, row, col] * weight[k, c, r, s]
     return out
 
 

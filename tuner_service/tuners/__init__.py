@@ -25,7 +25,8 @@ def make_tuner(name: str, workload: Workload, space: ConfigSpace, seed: int = 0)
     try:
         factory = _TUNERS[name]
     except KeyError:
-        raise ValueError(f"unknown tuner {name!r}; choose from {', '.join(tuner_names())}") from None
+        known = ", ".join(tuner_names())
+        raise ValueError(f"unknown tuner {name!r}; choose from {known}") from None
     return factory(workload, space, seed)
 
 

@@ -44,7 +44,9 @@ class Tuner(ABC):
                 self.best_cost, self.best_index = result.mean_cost, index
         self._update(indices, results)
 
-    def _update(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
+    def _update(  # noqa: B027 - optional hook: strategies that learn override it
+        self, indices: Sequence[int], results: Sequence[MeasureResult]
+    ) -> None:
         """Strategy-specific learning; the default learns nothing."""
 
     def exhausted(self) -> bool:
