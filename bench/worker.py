@@ -1,0 +1,206 @@
+"""Benchmark of the measurement worker (not a test).
+
+1. Overhead: per candidate, the time from a claim's answer to the acknowledged report, minus
+   the candidate's own measurement (compile + check + timed runs, the child's wall time). Uses
+   the real server on loopback (SQLite) when its dependencies are installed, else the stub
+   server; the JSON says which. One item per claim: the worst case.
+2. Repeatability: one config measured 10 times in separate claims (stub server, llvm backend);
+   coefficient of variation of the 10 mean costs.
+
+    python bench/worker.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from schedule_templates.records import MeasureOptions
+from workers.agent import Agent
+from workers.backends import BackendSpec
+from workers.client import ServerClient
+from workers.hardware import cpu_facts
+from workers.measure import measure_candidate
+from workers.measure.pool import IsolatedMeasurer
+from workers.settings import WorkerSettings
+from workers.spool import Spool
+from workers.stub_server import StubServer
+
+TOKEN = "bench-admin-token-0123456789abcdef"
+DEVICE = "bench-cpu"
+
+
+class TimingClient(ServerClient):
+    """Records when each item's claim answered and when its report was acknowledged."""
+
+    def __init__(self, *args: Any, stop: threading.Event, wanted: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.claimed: dict[Any, float] = {}
+        self.acked: dict[Any, float] = {}
+        self.results: dict[Any, dict[str, Any]] = {}
+        self._stop, self._wanted = stop, wanted
+
+    def claim(self, worker_id: str, max_items: int, wait_s: float) -> list[dict[str, Any]]:
+        items = super().claim(worker_id, max_items, wait_s)
+        now = time.perf_counter()
+        self.claimed.update({item["measure_id"]: now for item in items})
+        return items
+
+    def report(self, worker_id: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+        answer = super().report(worker_id, results)
+        now = time.perf_counter()
+        for mid in [*answer.get("accepted", []), *answer.get("duplicates", [])]:
+            self.acked.setdefault(mid, now)
+        self.results.update({r["measure_id"]: r for r in results})
+        if len(self.acked) >= self._wanted:
+            self._stop.set()
+        return answer
+
+
+def run_agent(url: str, token: str, backend: BackendSpec, wanted: int, spool_dir: Path
+              ) -> TimingClient:
+    settings = WorkerSettings(server=url, token=token, device_key=DEVICE, backend=backend.name,
+                              spool_dir=spool_dir, max_idle_s=20.0, poll_s=1.0, max_items=1)
+    stop = threading.Event()
+    client = TimingClient(url, token, stop=stop, wanted=wanted)
+    with Spool(spool_dir) as spool, IsolatedMeasurer(backend) as measurer, client:
+        Agent(settings, client, spool, measurer, stop).run()
+    return client
+
+
+def overhead_stats(client: TimingClient, skip_first: int = 1) -> dict[str, Any]:
+    ids = sorted(set(client.claimed) & set(client.acked), key=client.claimed.__getitem__)
+    per = [(client.acked[i] - client.claimed[i] - client.results[i]["wall_time_s"]) * 1e3
+           for i in ids[skip_first:]]
+    per.sort()
+    return {"candidates": len(per), "median_ms": statistics.median(per),
+            "mean_ms": statistics.fmean(per), "p90_ms": per[int(0.9 * (len(per) - 1))],
+            "max_ms": per[-1], "target_ms": 50.0, "meets_target": statistics.median(per) < 50}
+
+
+def bench_overhead(candidates: int, tmp: Path) -> dict[str, Any]:
+    backend = BackendSpec("fake", {"validate": True})
+    try:
+        server: Any = LiveServer(tmp / "server")
+    except ImportError:
+        server = None
+    if server is None:
+        with StubServer(TOKEN, heartbeat_s=10.0) as stub:
+            stub.queue += [stub_item(i, index=i) for i in range(candidates + 1)]
+            client = run_agent(stub.url, TOKEN, backend, candidates + 1, tmp / "spool")
+        return {"server": "stub (the real server is not installed)", **overhead_stats(client)}
+    with server:
+        server.submit(candidates + 1)
+        client = run_agent(server.url, TOKEN, backend, candidates + 1, tmp / "spool")
+    return {"server": "real (SQLite, uvicorn on loopback)", "backend": "fake",
+            **overhead_stats(client)}
+
+
+def bench_repeatability(workload: str, claims: int, tmp: Path) -> dict[str, Any]:
+    from schedule_templates.templates.base import get_template
+    from schedule_templates.workloads import parse_workload
+
+    w = parse_workload(workload)
+    template = get_template(w.op, "llvm")
+    index = template.default_config(w).index
+    with StubServer(TOKEN, heartbeat_s=10.0) as stub:
+        stub.queue += [stub_item(i, index=index, workload=workload, template=template.name)
+                       for i in range(claims)]
+        client = run_agent(stub.url, TOKEN, BackendSpec("llvm"), claims, tmp / "spool2")
+    results = [client.results[i] for i in range(claims)]
+    means = [statistics.fmean(r["costs"]) for r in results if r["costs"]]
+    if len(means) < 2:
+        return {"error": [r["error_message"] for r in results][:3]}
+    cv = statistics.stdev(means) / statistics.fmean(means)
+    # The baseline: the same config measured in this process, no worker, no server, right
+    # after; it shows how much of the spread is the machine's own.
+    baseline = [measure_candidate(workload, template.name, {"index": index}, "llvm",
+                                  MeasureOptions(), 1).mean_cost for _ in range(claims)]
+    return {"workload": workload, "template": template.name, "config": index,
+            "claims": len(means), "mean_ms": statistics.fmean(means) * 1e3,
+            "gflops": w.flops() / statistics.fmean(means) / 1e9,
+            "cv_percent": cv * 100, "target_percent": 3.0, "meets_target": cv < 0.03,
+            "baseline_in_process_cv_percent":
+                statistics.stdev(baseline) / statistics.fmean(baseline) * 100,
+            "costs_ms": [round(m * 1e3, 4) for m in means]}
+
+
+def stub_item(measure_id: int, index: int, workload: str = "dense:M=64,N=64,K=64",
+              template: str = "dense.x86") -> dict[str, Any]:
+    return {"measure_id": measure_id, "template": template, "workload": workload,
+            "target": "llvm", "config": {"index": index}, "threads": 1,
+            "options": MeasureOptions().to_json()}
+
+
+class LiveServer:
+    """The real service on a free loopback port; raises ImportError without its packages."""
+
+    def __init__(self, data_dir: Path) -> None:
+        import uvicorn
+        from pydantic import SecretStr
+
+        from tuner_service.api.app import create_app
+        from tuner_service.db.migrate import upgrade
+        from tuner_service.settings import Settings
+
+        data_dir.mkdir(parents=True)
+        db = f"sqlite:///{data_dir / 'tuner.sqlite'}"
+        upgrade(db)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        settings = Settings(data_dir=data_dir, database_url=db, bootstrap_token=SecretStr(TOKEN),
+                            driver_interval_s=0.05, batch_size=8, queue_depth=16)
+        self._server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
+                                                     port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        while not self._server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+
+    def submit(self, trials: int) -> None:
+        import httpx
+
+        body = {"workloads": ["dense:M=64,N=64,K=64"], "target": "llvm", "device_key": DEVICE,
+                "trials_per_task": trials, "tuner": "random"}
+        httpx.post(f"{self.url}/api/v1/jobs", json=body, timeout=30,
+                   headers={"Authorization": f"Bearer {TOKEN}"}).raise_for_status()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--candidates", type=int, default=40)
+    parser.add_argument("--claims", type=int, default=10)
+    parser.add_argument("--workload", default="dense:M=512,N=512,K=512")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = {
+            "machine": {k: cpu_facts()[k] for k in ("cpu_model", "logical_cores", "vector_bits")},
+            "load_average_at_start": os.getloadavg(),
+            "overhead": bench_overhead(args.candidates, Path(tmp)),
+            "repeatability": bench_repeatability(args.workload, args.claims, Path(tmp)),
+        }
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

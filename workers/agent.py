@@ -1,0 +1,288 @@
+"""The worker loop: register, claim (long-poll), measure in isolation, report; survive outages.
+
+Results go to the on-disk spool before they are sent, and leave it only when the server has
+acknowledged them (accepted, duplicate or rejected), so a server or network outage loses
+nothing: the worker backs off, keeps the results, and sends them again (reports are
+idempotent). SIGTERM/SIGINT: candidates in flight finish, unstarted ones are released, the
+spool is flushed, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from schedule_templates.records import ErrorKind, MeasureResult
+from workers.backends import BackendSpec
+from workers.backoff import Backoff
+from workers.client import ServerClient
+from workers.errors import ProtocolError, ServerRejected, ServerUnavailable, WorkerError
+from workers.hardware import cpu_facts, software_versions
+from workers.heartbeat import Heartbeat, HeldItems
+from workers.measure.pool import IsolatedMeasurer
+from workers.settings import WorkerSettings
+from workers.spool import Spool
+from workers.task import MeasureId, MeasureTask
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: results per report request
+REPORT_CHUNK = 100
+#: exit status when the worker cannot run (refused credentials, a locked spool, a bad backend)
+EXIT_ERROR = 2
+
+
+class Agent:
+    def __init__(self, settings: WorkerSettings, client: ServerClient, spool: Spool,
+                 measurer: IsolatedMeasurer, stop: threading.Event) -> None:
+        self.settings = settings
+        self.client = client
+        self.spool = spool
+        self.measurer = measurer
+        self.stop = stop
+        self.held = HeldItems()
+        self.worker_id = ""
+        self.heartbeat_s = 10.0
+        self.measured = 0
+        self._backoff = Backoff(cap_s=settings.backoff_cap_s)
+
+    def run(self) -> int:
+        """Work until stopped, idle for ``max_idle_s``, or done with one batch (``once``)."""
+        if not self._register():
+            return 0
+        idle_since = time.monotonic()
+        while not self.stop.is_set():
+            self._flush_spool()  # results first: claiming more while they wait helps nobody
+            items = self._claim()
+            if items:
+                self._process(items)
+                idle_since = time.monotonic()
+                if self.settings.once:
+                    break
+            elif (self.settings.max_idle_s is not None
+                  and time.monotonic() - idle_since >= self.settings.max_idle_s):
+                logger.info("no work for %.0f s; exiting", self.settings.max_idle_s)
+                break
+        self._final_flush()
+        return 0
+
+    # -- server calls with retries ---------------------------------------------------------------
+
+    def _register(self) -> bool:
+        body = {
+            "device_key": self.settings.device_key,
+            "target": self.settings.target,
+            "name": self.settings.name,
+            "hardware": {**cpu_facts(), "threads": self._max_threads(),
+                         "parallel_build": self.settings.parallel_build},
+            "software": {**software_versions(), "backend": self.settings.backend},
+        }
+        answer = self._retry("register", lambda: self.client.register(body))
+        if answer is None:
+            return False
+        self.worker_id = str(answer["worker_id"])
+        lease_s = float(answer.get("lease_s") or 30.0)
+        self.heartbeat_s = float(answer.get("heartbeat_s") or lease_s / 3)
+        logger.info("registered as worker %s (device key %s, target %s)",
+                    self.worker_id, self.settings.device_key, self.settings.target)
+        return True
+
+    def _claim(self) -> list[dict[str, Any]]:
+        def claim() -> list[dict[str, Any]]:
+            return self.client.claim(self.worker_id, self.settings.claim_size,
+                                     self.settings.poll_s)
+
+        try:
+            return self._retry("claim", claim) or []
+        except ServerRejected as e:
+            if e.status != 404:
+                raise
+            logger.warning("the server forgot this worker; registering again")
+            self._register()
+            return []
+
+    def _retry(self, what: str, call: Callable[[], T]) -> T | None:
+        """``call()`` until it succeeds, backing off while the server is unavailable; None
+        when the worker is asked to stop first."""
+        while not self.stop.is_set():
+            try:
+                answer = call()
+            except ServerUnavailable as e:
+                delay = self._backoff.next_delay()
+                logger.warning("%s: %s; retrying in %.1f s", what, e, delay)
+                self.stop.wait(delay)
+                continue
+            self._backoff.reset()
+            return answer
+        return None
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def _process(self, items: list[dict[str, Any]]) -> None:
+        tasks = self._parse_items(items)
+        self.held.add(t.measure_id for t in tasks)
+        finished: set[MeasureId] = set()
+        reachable = True
+        with Heartbeat(self.client, self.worker_id, self.held, self.heartbeat_s):
+            for task, result in self.measurer.measure_many(tasks, self.stop.is_set):
+                self._spool_result(task.measure_id, result)
+                finished.add(task.measure_id)
+                self.measured += 1
+                # Once a report fails, the rest of the batch waits in the spool: a server that
+                # hangs would otherwise cost a request timeout per candidate.
+                reachable = reachable and self._report_once()
+            unstarted = [t.measure_id for t in tasks if t.measure_id not in finished]
+            if unstarted:
+                self._release(unstarted)
+
+    def _parse_items(self, items: list[dict[str, Any]]) -> list[MeasureTask]:
+        tasks = []
+        for item in items:
+            try:
+                tasks.append(self._with_threads(MeasureTask.from_item(item)))
+            except ProtocolError as e:
+                measure_id = MeasureTask.measure_id_of(item)
+                logger.warning("malformed item: %s", e)
+                if measure_id is not None:  # answer it, or it comes back after every lease
+                    self._spool_result(measure_id, MeasureResult.failure(
+                        ErrorKind.INSTANTIATION, str(e)))
+        return tasks
+
+    def _spool_result(self, measure_id: MeasureId, result: MeasureResult) -> None:
+        self.spool.add({"measure_id": measure_id, **result.to_json(), "peak_gflops": None})
+
+    def _with_threads(self, task: MeasureTask) -> MeasureTask:
+        threads = min(task.threads, self._max_threads())
+        if threads == task.threads:
+            return task
+        logger.warning("measure %s asks for %d threads; this worker allows %d",
+                       task.measure_id, task.threads, threads)
+        return dataclasses.replace(task, threads=threads)
+
+    def _max_threads(self) -> int:
+        if self.settings.threads:
+            return self.settings.threads
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+    def _release(self, ids: list[MeasureId]) -> None:
+        try:
+            released = self.client.release(self.worker_id, ids)
+            logger.info("released %d unstarted item(s)", len(released))
+        except WorkerError as e:  # their leases lapse on their own
+            logger.warning("could not release %d item(s): %s", len(ids), e)
+        self.held.discard(ids)
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def _report_once(self) -> bool:
+        """One attempt to hand in the spool; True when it is empty afterwards."""
+        while len(self.spool):
+            chunk = self.spool.pending()[:REPORT_CHUNK]
+            try:
+                self._report_chunk(chunk)
+            except ServerUnavailable as e:
+                logger.warning("reporting %d result(s) failed: %s", len(chunk), e)
+                return False
+            except ServerRejected as e:
+                if e.status != 404:
+                    raise
+                self._register()
+                return False
+        return True
+
+    def _report_chunk(self, chunk: list[dict[str, Any]]) -> None:
+        try:
+            self._acknowledge(chunk, self.client.report(self.worker_id, chunk))
+        except ServerRejected as e:
+            if e.status in (401, 403, 404):
+                raise
+            # The server refuses the request itself (a malformed result): find the culprit by
+            # sending one at a time, and drop only that one so the spool cannot jam.
+            if len(chunk) > 1:
+                for result in chunk:
+                    self._report_chunk([result])
+                return
+            logger.error("the server refuses result %s, dropping it: %s",
+                         chunk[0]["measure_id"], e)
+            self.spool.remove([chunk[0]["measure_id"]])
+            self.held.discard([chunk[0]["measure_id"]])
+
+    def _acknowledge(self, chunk: list[dict[str, Any]], answer: dict[str, Any]) -> None:
+        done = [*answer.get("accepted", []), *answer.get("duplicates", [])]
+        for rejected in answer.get("rejected", []):
+            logger.warning("the server rejected result %s: %s",
+                           rejected.get("measure_id"), rejected.get("reason"))
+            done.append(rejected.get("measure_id"))
+        sent = {r["measure_id"] for r in chunk}
+        acknowledged = [i for i in done if i in sent]
+        if not acknowledged:
+            raise ProtocolError(f"the server acknowledged none of {len(chunk)} result(s)")
+        self.spool.remove(acknowledged)
+        self.held.discard(acknowledged)
+
+    def _flush_spool(self) -> None:
+        """Retry with backoff until the spool is empty or the worker is stopping."""
+        while not self.stop.is_set() and not self._report_once():
+            delay = self._backoff.next_delay()
+            logger.info("%d result(s) spooled; retrying in %.1f s", len(self.spool), delay)
+            self.stop.wait(delay)
+        self._backoff.reset()
+
+    def _final_flush(self) -> None:
+        deadline = time.monotonic() + self.settings.shutdown_flush_s
+        backoff = Backoff(initial_s=0.2, cap_s=2.0)
+        while not self._report_once():
+            if time.monotonic() >= deadline:
+                logger.warning("exiting with %d result(s) in the spool %s; they are sent on "
+                               "the next start", len(self.spool), self.spool.path)
+                return
+            time.sleep(backoff.next_delay())
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    """Run a worker until it is stopped; returns the process exit status."""
+    stop = threading.Event()
+    spec = BackendSpec(settings.backend, dict(settings.backend_options))
+    try:
+        with contextlib.ExitStack() as stack:
+            spool = stack.enter_context(Spool(settings.spool_dir))
+            client = stack.enter_context(ServerClient(settings.server, settings.token,
+                                                      settings.request_timeout_s))
+            measurer = stack.enter_context(IsolatedMeasurer(
+                spec, settings.parallel_build, settings.max_tasks_per_child))
+            stack.enter_context(_stop_on_signals(stop))
+            return Agent(settings, client, spool, measurer, stop).run()
+    except WorkerError as e:  # ServerRejected (a bad token), a locked spool, a bad backend
+        logger.error("worker stopped: %s", e)
+        return EXIT_ERROR
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT ask the loop to finish; a second one aborts (KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        logger.info("%s: finishing the current candidates, then exiting",
+                    signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

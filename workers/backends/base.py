@@ -1,0 +1,117 @@
+"""The backend contract: ``check`` a task, ``compile`` it into a kernel bound to its inputs,
+``run`` the timed protocol on it.
+
+Backends are created inside the measuring process (a pool child), from a picklable
+``BackendSpec``; nothing here is shared between processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import numpy as np
+
+from schedule_templates.errors import InvalidConfigError
+from schedule_templates.records import MeasureOptions
+from schedule_templates.workloads import Workload, parse_workload
+from workers.hardware import llc_bytes
+from workers.task import MeasureTask
+
+if TYPE_CHECKING:
+    from schedule_templates.space import Config
+    from schedule_templates.templates.base import Template
+
+
+class BoundKernel(Protocol):
+    """A compiled kernel with its buffers bound: ``run`` executes it once on them."""
+
+    #: length of the reduction behind one output element; scales the correctness tolerance
+    reduction_length: int
+
+    def run(self) -> None: ...
+
+    @property
+    def output(self) -> np.ndarray: ...
+
+    def expected(self) -> np.ndarray:
+        """The reference answer for the bound inputs."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A task checked against the worker's own templates."""
+
+    workload: Workload
+    template: Template
+    config: Config
+
+
+class Backend(ABC):
+    """Turns a task into timed costs. Expected failures raise the ``schedule_templates`` errors
+    (InvalidConfigError -> instantiation, CodegenError -> compile); the runner classifies them."""
+
+    name: ClassVar[str]
+
+    def check(self, task: MeasureTask) -> Resolved | None:
+        """Validate the task against its template's space before anything is built."""
+        return resolve(task)
+
+    @abstractmethod
+    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
+        """Build the kernel and bind it to fresh inputs (packing constants is untimed)."""
+
+    def run(self, kernel: BoundKernel, options: MeasureOptions) -> tuple[float, ...]:
+        """The timed protocol: seconds of one run per sample."""
+        # Imported here: workers.measure imports this module (the runner drives backends).
+        from workers.measure.timing import time_protocol
+
+        flush = self.flush_bytes if options.flush_cache else 0
+        return time_protocol(kernel.run, options, flush_bytes=flush)
+
+    @functools.cached_property
+    def flush_bytes(self) -> int:
+        """A cache flush writes twice the last-level cache."""
+        return 2 * llc_bytes()
+
+    def close(self) -> None:  # noqa: B027 (optional hook, most backends hold nothing)
+        """Free what the backend holds across tasks (nothing by default)."""
+
+
+def resolve(task: MeasureTask) -> Resolved:
+    """Parse the workload, find the template, and decode and check the config."""
+    # Imported here: the template registry pulls in the code generators' modules.
+    from schedule_templates.templates.base import target_kind, template_by_name
+
+    workload = parse_workload(task.workload)
+    template = template_by_name(task.template)
+    if workload.op != template.op:
+        raise InvalidConfigError(
+            f"template {template.name} handles {template.op}, not {workload.op}"
+        )
+    if task.template_version is not None and task.template_version != template.version:
+        raise InvalidConfigError(
+            f"template {template.name} is version {template.version} on this worker, "
+            f"the server asked for version {task.template_version}"
+        )
+    if target_kind(task.target) != template.target_kind:
+        raise InvalidConfigError(
+            f"template {template.name} generates {template.target_kind} code, "
+            f"not {task.target!r}"
+        )
+    config = template.space(workload).from_json(task.config)
+    template.check(workload, config)
+    return Resolved(workload, template, config)
+
+
+def reduction_length(workload: Workload) -> int:
+    """Multiply-adds behind one output element (1 for element-wise operators)."""
+    outputs = math.prod(workload.output_shape())
+    return max(1, workload.flops() // max(1, 2 * outputs))
+

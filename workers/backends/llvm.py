@@ -1,0 +1,94 @@
+"""The CPU backend: lower with the worker's own templates, JIT-compile with llvmlite, time.
+
+Inputs and the numpy reference depend only on the workload, so they are kept for the last few
+workloads: a claimed batch is usually many configs of one task.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import numpy as np
+
+from schedule_templates.workloads import Workload
+from workers.backends.base import Backend, BoundKernel, Resolved, reduction_length, resolve
+from workers.errors import BackendError
+from workers.task import MeasureTask
+
+logger = logging.getLogger(__name__)
+
+#: inputs are drawn from this seed so that every worker checks against the same reference
+INPUT_SEED = 0
+
+
+class _Operands:
+    """A workload's inputs and, computed on first use, its reference output."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.inputs = workload.make_inputs(INPUT_SEED)
+        self._reference: np.ndarray | None = None
+
+    def reference(self) -> np.ndarray:
+        if self._reference is None:
+            self._reference = np.asarray(self.workload.reference(self.inputs))
+        return self._reference
+
+
+class _LlvmKernel:
+    def __init__(self, artifact: Any, prepared: Any, operands: _Operands) -> None:
+        self._artifact = artifact
+        self._prepared = prepared
+        self._operands = operands
+        self.reduction_length = reduction_length(operands.workload)
+
+    def run(self) -> None:
+        self._prepared.run()
+
+    @property
+    def output(self) -> np.ndarray:
+        return np.asarray(self._prepared.output)
+
+    def expected(self) -> np.ndarray:
+        return self._operands.reference()
+
+    def close(self) -> None:
+        try:
+            self._prepared.close()
+        finally:
+            self._artifact.close()
+
+
+class LlvmBackend(Backend):
+    name = "llvm"
+
+    def __init__(self, cached_workloads: int = 4) -> None:
+        self._operands: collections.OrderedDict[str, _Operands] = collections.OrderedDict()
+        self._cached_workloads = max(1, cached_workloads)
+
+    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
+        try:
+            from schedule_templates.runtime import build
+        except ImportError as e:
+            raise BackendError(f"the llvm backend needs llvmlite and the runtime: {e}") from e
+        if resolved is None:
+            resolved = resolve(task)
+        artifact = build(resolved.workload, resolved.template, resolved.config,
+                         target=task.target, threads=task.threads)
+        try:
+            operands = self._operands_for(resolved.workload)
+            prepared = artifact.prepare(operands.inputs)
+        except BaseException:
+            artifact.close()
+            raise
+        return _LlvmKernel(artifact, prepared, operands)
+
+    def _operands_for(self, workload: Workload) -> _Operands:
+        key = workload.key
+        found = self._operands.pop(key, None) or _Operands(workload)
+        self._operands[key] = found
+        while len(self._operands) > self._cached_workloads:
+            self._operands.popitem(last=False)
+        return found

@@ -1,0 +1,25 @@
+"""One root exception for the worker package; expected failures are subclasses callers classify."""
+
+
+class WorkerError(Exception):
+    """Root of every error raised on purpose by ``workers``."""
+
+
+class ProtocolError(WorkerError):
+    """The server sent something that does not follow docs/worker-protocol.md."""
+
+
+class ServerUnavailable(WorkerError):
+    """The server could not be reached or answered 5xx; retry later."""
+
+
+class ServerRejected(WorkerError):
+    """The server answered 4xx: retrying the same request will not help."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"server answered {status}: {message}")
+        self.status = status
+
+
+class BackendError(WorkerError):
+    """A backend could not be created or used (unknown name, missing optional dependency)."""

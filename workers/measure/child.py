@@ -1,0 +1,68 @@
+"""The body of a measuring child process.
+
+Messages to the parent: ``("phase", name)`` before each phase, ``("done", result_json)`` at the
+end. Before timing, the child says ``("phase", "time")`` and waits for the parent's ``"go"``:
+the parent grants it only when nothing else compiles or runs (see ``pool``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import signal
+import traceback
+from multiprocessing.connection import Connection
+
+from schedule_templates.records import ErrorKind, MeasureResult
+from workers.backends import Backend, BackendSpec, create_backend
+from workers.measure.runner import Phase, measure_task
+from workers.task import MeasureTask
+
+logger = logging.getLogger(__name__)
+
+GO = "go"
+STOP = None
+_PR_SET_PDEATHSIG = 1
+
+
+def child_main(conn: Connection, spec: BackendSpec) -> None:
+    """Measure tasks sent by the parent until it says stop or goes away."""
+    _detach_from_signals()
+    backend = create_backend(spec)
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                return
+            if message is STOP:
+                return
+            conn.send(("done", _measure(backend, message, conn).to_json()))
+    finally:
+        backend.close()
+
+
+def _measure(backend: Backend, task: MeasureTask, conn: Connection) -> MeasureResult:
+    def on_phase(phase: Phase) -> None:
+        conn.send(("phase", phase.value))
+        if phase is Phase.TIME and conn.recv() != GO:
+            raise RuntimeError("the parent did not grant the timing phase")
+
+    try:
+        return measure_task(backend, task, on_phase)
+    except Exception:
+        # A bug in the runner itself, not in the candidate: report it and keep the child.
+        text = traceback.format_exc()
+        logger.error("measuring %s failed unexpectedly:\n%s", task.measure_id, text)
+        return MeasureResult.failure(ErrorKind.UNKNOWN, text)
+
+
+def _detach_from_signals() -> None:
+    # Ctrl-C and `systemctl stop` signal the whole process group; the parent decides how the
+    # child ends (finish the candidate, or a kill), so the child ignores both.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # If the parent dies without cleaning up, do not leave a hung kernel behind (Linux only).
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
