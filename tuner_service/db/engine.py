@@ -7,10 +7,12 @@ this edge never see SQLAlchemy exceptions.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import random
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -19,6 +21,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tuner_service.db.errors import ConflictError, DatabaseError, TunerServiceError
 
+T = TypeVar("T")
+#: PostgreSQL SQLSTATEs of transactions that are safe to run again: deadlock, serialization
+_RETRYABLE = ("40P01", "40001")
 logger = logging.getLogger(__name__)
 
 
@@ -95,6 +100,21 @@ class Database:
             raise
         finally:
             session.close()
+
+    def run(self, work: Callable[[Session], T], attempts: int = 4) -> T:
+        """``work`` in one transaction, retried when PostgreSQL aborts it for a deadlock or a
+        serialization failure (concurrent workers reporting results can cross row locks)."""
+        for attempt in range(attempts):
+            try:
+                with self.session() as session:
+                    return work(session)
+            except DatabaseError as e:
+                orig = getattr(e.__cause__, "orig", None)
+                if attempt + 1 == attempts or getattr(orig, "sqlstate", None) not in _RETRYABLE:
+                    raise
+                logger.info("transaction aborted (%s); retrying", getattr(orig, "sqlstate", ""))
+                time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def dispose(self) -> None:
         self.engine.dispose()

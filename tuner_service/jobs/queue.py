@@ -152,13 +152,15 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
 def claim_batch(db: Database, worker_id: int, max_items: int, lease_s: float,
                 default_options: dict[str, Any]) -> list[dict[str, Any]]:
     """One claim attempt in its own transaction (the long-poll calls this repeatedly)."""
-    with db.session() as session:
+    def attempt(session: Session) -> list[dict[str, Any]]:
         worker = session.get(Worker, worker_id)
         if worker is None:
             return []
         touch_worker(session, worker_id)
         ids = claim(session, worker, max_items, lease_s)
         return claimed_items(session, ids, default_options) if ids else []
+
+    return db.run(attempt)
 
 
 def report_results(session: Session, worker_id: int,

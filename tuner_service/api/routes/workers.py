@@ -84,11 +84,14 @@ async def post_claim(
 def post_results(
     body: ResultsIn,
     worker: WorkerDep,
-    session: SessionDep,
+    db: DbDep,
     driver: DriverDep,
 ) -> dict[str, Any]:
-    results = [(r.measure_id, r.to_result(), r.peak_gflops) for r in body.results]
-    answer = queue.report_results(session, worker.id, results)
+    # sorted, so concurrent reports take row locks in one order; retried if PostgreSQL still
+    # picks this transaction as a deadlock victim
+    results = sorted(((r.measure_id, r.to_result(), r.peak_gflops) for r in body.results),
+                     key=lambda item: item[0])
+    answer = db.run(lambda session: queue.report_results(session, worker.id, results))
     if driver is not None and answer["accepted"]:
         driver.wake()
     return answer
