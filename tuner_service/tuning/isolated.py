@@ -13,8 +13,8 @@ class IsolatedMeasure:
 
     def __init__(self, key: str, template: str, target: str, threads: int,
                  options: MeasureOptions) -> None:
-        from workers.measure.pool import IsolatedMeasurer  # before workers.backends (cycle)
-        from workers.backends import BackendSpec  # isort: skip
+        from workers.backends import BackendSpec
+        from workers.measure import IsolatedMeasurer
 
         self._key, self._template, self._target, self._threads = key, template, target, threads
         self._options = options
