@@ -27,6 +27,7 @@ from workers.errors import ProtocolError, ServerRejected, ServerUnavailable, Wor
 from workers.hardware import cpu_facts, software_versions
 from workers.heartbeat import Heartbeat, HeldItems
 from workers.measure.pool import IsolatedMeasurer
+from workers.peak import PeakGauge
 from workers.settings import WorkerSettings
 from workers.spool import Spool
 from workers.task import MeasureId, MeasureTask
@@ -43,7 +44,8 @@ EXIT_ERROR = 2
 
 class Agent:
     def __init__(self, settings: WorkerSettings, client: ServerClient, spool: Spool,
-                 measurer: IsolatedMeasurer, stop: threading.Event) -> None:
+                 measurer: IsolatedMeasurer, stop: threading.Event,
+                 peaks: PeakGauge | None = None) -> None:
         self.settings = settings
         self.client = client
         self.spool = spool
@@ -53,6 +55,9 @@ class Agent:
         self.worker_id = ""
         self.heartbeat_s = 10.0
         self.measured = 0
+        self.peaks = peaks
+        #: measure id -> threads it runs on, for the peak reported with its result
+        self._threads: dict[MeasureId, int] = {}
         self._backoff = Backoff(cap_s=settings.backoff_cap_s)
 
     def run(self) -> int:
@@ -83,7 +88,8 @@ class Agent:
             "target": self.settings.target,
             "name": self.settings.name,
             "hardware": {**cpu_facts(), "threads": self._max_threads(),
-                         "parallel_build": self.settings.parallel_build},
+                         "parallel_build": self.settings.parallel_build,
+                         **self._peak_facts()},
             "software": {**software_versions(), "backend": self.settings.backend},
         }
         answer = self._retry("register", lambda: self.client.register(body))
@@ -129,6 +135,10 @@ class Agent:
 
     def _process(self, items: list[dict[str, Any]]) -> None:
         tasks = self._parse_items(items)
+        self._threads = {t.measure_id: t.threads for t in tasks}
+        if self.peaks is not None:  # measured now, while no kernel is being timed
+            for threads in sorted({t.threads for t in tasks}):
+                self.peaks.peak(threads)
         self.held.add(t.measure_id for t in tasks)
         finished: set[MeasureId] = set()
         reachable = True
@@ -158,7 +168,15 @@ class Agent:
         return tasks
 
     def _spool_result(self, measure_id: MeasureId, result: MeasureResult) -> None:
-        self.spool.add({"measure_id": measure_id, **result.to_json(), "peak_gflops": None})
+        threads = self._threads.get(measure_id)
+        peak = self.peaks.peak(threads) if self.peaks is not None and threads else None
+        self.spool.add({"measure_id": measure_id, **result.to_json(), "peak_gflops": peak})
+
+    def _peak_facts(self) -> dict[str, Any]:
+        if self.peaks is None:
+            return {}
+        self.peaks.peak(self._max_threads())
+        return {"peak_gflops": self.peaks.known()}
 
     def _with_threads(self, task: MeasureTask) -> MeasureTask:
         threads = min(task.threads, self._max_threads())
@@ -260,7 +278,9 @@ def run_worker(settings: WorkerSettings) -> int:
             measurer = stack.enter_context(IsolatedMeasurer(
                 spec, settings.parallel_build, settings.max_tasks_per_child))
             stack.enter_context(_stop_on_signals(stop))
-            return Agent(settings, client, spool, measurer, stop).run()
+            peaks = PeakGauge(spec)
+            stack.callback(peaks.close)
+            return Agent(settings, client, spool, measurer, stop, peaks).run()
     except WorkerError as e:  # ServerRejected (a bad token), a locked spool, a bad backend
         logger.error("worker stopped: %s", e)
         return EXIT_ERROR

@@ -107,3 +107,28 @@ def test_sigterm_finishes_the_current_candidate_and_releases_the_rest(
     assert len(stub_server.results) >= 1
     assert stub_server.released and not stub_server.leased
     assert set(stub_server.results) | set(stub_server.released) == {0, 1, 2, 3}
+
+
+def test_results_and_registration_carry_the_measured_peak(stub_server: StubServer,
+                                                          tmp_path: Path) -> None:
+    stub_server.queue += [make_item(i) for i in range(3)]
+    options = {"validate": False, "peak_gflops": 40.0}
+    assert run_worker(settings(stub_server, tmp_path, backend_options=options, threads=2)) == 0
+    assert stub_server.registered[0]["hardware"]["peak_gflops"] == {"2": 80.0}
+    threads = {i: min(2, make_item(i).get("threads", 1)) for i in range(3)}
+    assert {i: r["peak_gflops"] for i, r in stub_server.results.items()} == {
+        i: 40.0 * t for i, t in threads.items()}
+
+
+def test_the_llvm_backend_measures_a_plausible_peak() -> None:
+    from workers.backends import BackendSpec
+    from workers.peak import PeakGauge
+
+    gauge = PeakGauge(BackendSpec("llvm"))
+    try:
+        peak = gauge.peak(1)
+    finally:
+        gauge.close()
+    # An FMA loop on any x86-64 with SSE2 does at least a few GFLOPS, and no core does 10^4.
+    assert peak is not None and 1.0 < peak < 1e4
+    assert gauge.known() == {"1": round(peak, 1)}

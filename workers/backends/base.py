@@ -80,6 +80,11 @@ class Backend(ABC):
         """A cache flush writes twice the last-level cache."""
         return 2 * llc_bytes()
 
+    def measure_peak(self, threads: int) -> float | None:
+        """The device's fp32 peak in GFLOPS on ``threads`` threads, measured by the backend's own
+        code, or None when it cannot tell. Called between batches, never while timing."""
+        return None
+
     def close(self) -> None:  # noqa: B027 (optional hook, most backends hold nothing)
         """Free what the backend holds across tasks (nothing by default)."""
 

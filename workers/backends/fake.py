@@ -84,6 +84,9 @@ class FakeBackend(Backend):
         time.sleep(self.run_s)
         return kernel.samples(max(1, options.repeat), self.noise)
 
+    def measure_peak(self, threads: int) -> float | None:
+        return self.peak_gflops * threads
+
     def mode(self, task: MeasureTask, resolved: Resolved | None) -> str:
         index = config_index(task, resolved)
         if index in self.faults:

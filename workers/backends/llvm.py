@@ -85,6 +85,11 @@ class LlvmBackend(Backend):
             raise
         return _LlvmKernel(artifact, prepared, operands)
 
+    def measure_peak(self, threads: int) -> float | None:
+        from schedule_templates.peak import measure_peak_gflops
+
+        return measure_peak_gflops(threads)
+
     def _operands_for(self, workload: Workload) -> _Operands:
         key = workload.key
         found = self._operands.pop(key, None) or _Operands(workload)
