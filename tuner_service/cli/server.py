@@ -45,8 +45,14 @@ def _serve(args: argparse.Namespace) -> int:
     except TunerServiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from uvicorn.config import LOGGING_CONFIG
+
+    from tuner_service.logging_setup import uvicorn_log_config
+
+    # in JSON mode uvicorn's own lines (startup, access log) go through the JSON handler too
+    log_config = uvicorn_log_config(getattr(args, "log_format", "text")) or LOGGING_CONFIG
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="info", proxy_headers=True)
+                log_level="info", proxy_headers=True, log_config=log_config)
     return 0
 
 

@@ -21,6 +21,11 @@ from tuner_service.db.models import JobTask, Measurement, TuningLogEntry
 logger = logging.getLogger(__name__)
 
 
+#: ``session.info`` key listing the error kinds of results stored in the session's transaction
+#: (read on commit by the metrics, so an aborted or retried transaction counts nothing)
+STORED_RESULTS_INFO = "tuner.stored_results"
+
+
 class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
@@ -58,6 +63,7 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
     if row is None:
         state = session.scalar(select(Measurement.state).where(Measurement.id == measure_id))
         return Outcome.DUPLICATE if state is not None else Outcome.UNKNOWN
+    session.info.setdefault(STORED_RESULTS_INFO, []).append(int(result.error))
     if row.job_task_id is not None:
         _count_trial(session, row.job_task_id, measure_id, result)
     if result.ok:
