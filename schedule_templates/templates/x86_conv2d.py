@@ -5,7 +5,8 @@ accumulators along the channels. Each reduction step (one input channel and kern
 broadcasts one activation per pixel and loads ``k_t`` contiguous weights from the weights packed
 once as ``[K/k_t][C][R][S][k_t]``. Padding, when present, is a copy into a zero-bordered
 workspace inside the timed region. Image, channel block and row block are fused into one
-parallel loop.
+parallel loop. A fused epilogue (bias, scale, residual, clip) is applied to the register tile
+as it is stored.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from schedule_templates.ir.nodes import (
 from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpace, SplitKnob
 from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, vregs
+from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
 from schedule_templates.templates.window import needs_copy, pad_stage, padded_buffer
 from schedule_templates.workloads import Conv2d, Workload
 
@@ -45,6 +47,7 @@ class Conv2dX86(Template):
     op = "conv2d"
     target_kind = "llvm"
     version = 1
+    fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
@@ -82,6 +85,7 @@ class Conv2dX86(Template):
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
         packed = Buffer("weight_packed", (ko, wl.C, wl.R, wl.S, kt))
         out = Buffer("out", (wl.N, wl.K, wl.out_h, wl.out_w))
+        epilogue = epilogue_stage(wl)
         stages: list[Stmt] = []
         workspace: tuple[Buffer, ...] = ()
         if needs_copy(wl):
@@ -121,10 +125,14 @@ class Conv2dX86(Template):
         tile = Allocate(acc, (
             unroll_a(unroll_b(vec_k(store(acc[a, b, k], Const(0.0, "float32"))))),
             reduce,
-            unroll_a(unroll_b(vec_k(store(out[n, kb * kt + k, oh, ow], acc[a, b, k])))),
+            unroll_a(unroll_b(vec_k(store(
+                out[n, kb * kt + k, oh, ow],
+                epilogue.apply(acc[a, b, k], kb * kt + k, (n, kb * kt + k, oh, ow)),
+            )))),
         ))
         stages.append(par(cols(tile)))
-        return Kernel("conv2d_x86", (data, packed, out), workspace, tuple(stages))
+        params = (data, packed, *epilogue.buffers, out)
+        return Kernel("conv2d_x86", params, workspace, tuple(stages))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
@@ -132,4 +140,5 @@ class Conv2dX86(Template):
         ko, kt = config["tile_k"]
         weight = np.asarray(inputs["weight"], dtype=np.float32)
         packed = weight.reshape(ko, kt, wl.C, wl.R, wl.S).transpose(0, 2, 3, 4, 1)
-        return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed)}
+        return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed),
+                **epilogue_arguments(wl, inputs)}

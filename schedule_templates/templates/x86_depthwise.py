@@ -4,7 +4,7 @@ Each output channel reads one input channel, so there is no reduction over chann
 vectorize; instead a register tile is ``oh_t`` output rows by ``ow_v`` columns, vectorized along
 the width. Kernel taps are unrolled: each tap is one vector load of the input row (unit stride,
 or for stride 2..4 a wider load and a shuffle, which the zero-bordered copy's slack makes safe)
-times a broadcast weight.
+times a broadcast weight. A fused epilogue is applied to the row tile as it is stored.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from schedule_templates.ir.nodes import (
 from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpace, SplitKnob
 from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, vregs
+from schedule_templates.templates.epilogue import epilogue_stage
 from schedule_templates.templates.window import needs_copy, pad_stage, padded_buffer
 from schedule_templates.workloads import DepthwiseConv2d, Workload
 
@@ -44,6 +45,7 @@ class DepthwiseConv2dX86(Template):
     op = "depthwise_conv2d"
     target_kind = "llvm"
     version = 1
+    fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
@@ -76,6 +78,7 @@ class DepthwiseConv2dX86(Template):
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
         weight = Buffer("weight", (channels, 1, wl.R, wl.S))
         out = Buffer("out", (wl.N, channels, wl.out_h, wl.out_w))
+        epilogue = epilogue_stage(wl)
         stages: list[Stmt] = []
         workspace: tuple[Buffer, ...] = ()
         copy = needs_copy(wl, strided_vectors=True)
@@ -111,7 +114,9 @@ class DepthwiseConv2dX86(Template):
             r_loop(s_loop(unroll_a(vec(store(
                 acc[a, v], src(oh * sh + r * dh, ow * sw + s * dw) * weight[oc, 0, r, s]
                 + acc[a, v]))))),
-            unroll_a(vec(store(out[n, oc, oh, ow], acc[a, v]))),
+            unroll_a(vec(store(out[n, oc, oh, ow],
+                               epilogue.apply(acc[a, v], oc, (n, oc, oh, ow))))),
         ))
         stages.append(par(rows(cols(tile))))
-        return Kernel("depthwise_conv2d_x86", (data, weight, out), workspace, tuple(stages))
+        params = (data, weight, *epilogue.buffers, out)
+        return Kernel("depthwise_conv2d_x86", params, workspace, tuple(stages))

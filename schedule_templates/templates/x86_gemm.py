@@ -5,7 +5,8 @@ accumulators; each step of the reduction broadcasts ``mr`` values of the left op
 ``nr`` contiguous values of the right one (dense: weights packed once into ``[N/nr][K][nr]``
 micro-panels; batch_matmul: read in place, rows of ``y`` are already contiguous along N).
 Cache blocking comes from the middle factors of the splits; the outer blocks of M and N (and
-the batch) are fused into one parallel loop.
+the batch) are fused into one parallel loop. A dense epilogue is applied when the last block
+of the reduction stores the tile (earlier blocks store partial sums that the next one reloads).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, three_way, vregs
+from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
 from schedule_templates.workloads import BatchMatmul, Dense, Workload
 
 MAX_NR = 64
@@ -72,10 +74,12 @@ def gemm_default(space: ConfigSpace, M: int, N: int, K: int) -> Config:
 OperandA = Callable[[Expr, Expr, Expr], Load]  # (batch, m, k)
 OperandB = Callable[[Expr, Expr, Expr, Expr], Load]  # (batch, n-panel, k, j within panel)
 OperandC = Callable[[Expr, Expr, Expr], Load]  # (batch, m, n)
+Finish = Callable[[Expr, Expr, Expr, Expr], Expr]  # (accumulator, batch, m, n) -> stored value
 
 
-def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC) -> Stmt:
-    """The loop nest shared by dense and batch_matmul."""
+def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC,
+              finish: Finish | None = None) -> Stmt:
+    """The loop nest shared by dense and batch_matmul; ``finish`` is the fused epilogue."""
     mo, mi, mr = cfg["tile_m"]
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
@@ -98,11 +102,16 @@ def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC) ->
     init: Expr = Const(0.0, "float32")
     if ko > 1:
         init = Select(binop("==", kko, 0), init, c(bb, m0 + r, n0 + j))
+    result: Expr = acc[r, j]
+    if finish is not None:
+        result = finish(acc[r, j], bb, m0 + r, n0 + j)
+        if ko > 1:  # only the last reduction block stores the finished value
+            result = Select(binop("==", kko, ko - 1), result, acc[r, j])
     tile = Allocate(acc, (
         unroll_r(vec_j(store(acc[r, j], init))),
         k_inner(k_unroll(unroll_r(vec_j(
             store(acc[r, j], a(bb, m0 + r, k) * b(bb, panel, k, j) + acc[r, j]))))),
-        unroll_r(vec_j(store(c(bb, m0 + r, n0 + j), acc[r, j]))),
+        unroll_r(vec_j(store(c(bb, m0 + r, n0 + j), result))),
     ))
     inner = vj_mk(vi_mk(tile)) if cfg["inner_order"] == "nm" else vi_mk(vj_mk(tile))
     return par(k_outer(inner))
@@ -114,6 +123,7 @@ class DenseX86(Template):
     op = "dense"
     target_kind = "llvm"
     version = 1
+    fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
@@ -130,13 +140,15 @@ class DenseX86(Template):
         data = Buffer("data", (wl.M, wl.K))
         packed = Buffer("weight_packed", (wl.N // nr, wl.K, nr))
         out = Buffer("out", (wl.M, wl.N))
+        epilogue = epilogue_stage(wl)
         body = gemm_nest(
             config, 1,
             a=lambda _b, m, k: data[m, k],
             b=lambda _b, p, k, j: packed[p, k, j],
             c=lambda _b, m, n: out[m, n],
+            finish=(lambda v, _b, m, n: epilogue.apply(v, n, (m, n))) if wl.epilogue else None,
         )
-        return Kernel("dense_x86", (data, packed, out), (), (body,))
+        return Kernel("dense_x86", (data, packed, *epilogue.buffers, out), (), (body,))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
@@ -144,7 +156,8 @@ class DenseX86(Template):
         nr = config["tile_n"][2]
         weight = np.asarray(inputs["weight"], dtype=np.float32)
         packed = weight.reshape(wl.N // nr, nr, wl.K).transpose(0, 2, 1)
-        return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed)}
+        return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed),
+                **epilogue_arguments(wl, inputs)}
 
 
 @register

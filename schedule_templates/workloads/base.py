@@ -3,7 +3,9 @@
 A key looks like ``conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1``. Parameters at their
 default value are omitted when formatting; parsing accepts any order. Tuple parameters (stride,
 pad, dilation) are written as one number when all entries are equal, else joined with ``x``
-(``stride=2x1``, ``pad=0x1x1x0`` meaning top, left, bottom, right).
+(``stride=2x1``, ``pad=0x1x1x0`` meaning top, left, bottom, right). Operators that can fuse
+an epilogue take it as the last parameter, ``epilogue=bias+relu`` (see ``epilogue.py``); a key
+without it is the operator alone, and ``base_key`` strips it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.workloads.epilogue import NO_EPILOGUE, Epilogue, parse_epilogue
 
 # A single tensor larger than this (in elements) is refused: 4 GiB of fp32 is beyond any layer
 # we tune, and such keys are the usual shape of hostile or corrupted input.
@@ -30,12 +33,17 @@ class Workload(ABC):
     """One operator instance: shapes and attributes, fp32 throughout."""
 
     op: ClassVar[str]
-    #: parameter name -> (kind, default); kind is "int", "pair" (h, w) or "quad" (t, l, b, r).
+    #: parameter name -> (kind, default); kind is "int", "pair" (h, w), "quad" (t, l, b, r)
+    #: or "epilogue" (an Epilogue, for operators that fuse one).
     params: ClassVar[dict[str, tuple[str, Any]]]
 
     def __post_init__(self) -> None:
         for name, (kind, _default) in self.params.items():
             value = getattr(self, name)
+            if kind == "epilogue":
+                if not isinstance(value, Epilogue):
+                    raise InvalidWorkloadError(f"{self.op}: {name} must be an Epilogue")
+                continue
             values = (value,) if kind == "int" else value
             for v in values:
                 if not isinstance(v, int) or isinstance(v, bool):
@@ -70,6 +78,28 @@ class Workload(ABC):
     def __str__(self) -> str:
         return self.key
 
+    @property
+    def epilogue_spec(self) -> Epilogue:
+        """The fused epilogue (NO_EPILOGUE for the operator alone or one that cannot fuse)."""
+        value = getattr(self, "epilogue", NO_EPILOGUE)
+        return value if isinstance(value, Epilogue) else NO_EPILOGUE
+
+    def base_workload(self) -> Workload:
+        """The same operator without its epilogue: same search space, FLOPs and records."""
+        if not self.epilogue_spec:
+            return self
+        return dataclasses.replace(self, epilogue=NO_EPILOGUE)  # type: ignore[call-arg]
+
+    @property
+    def base_key(self) -> str:
+        return self.base_workload().key
+
+    def with_epilogue(self, epilogue: Epilogue) -> Workload:
+        """This operator with ``epilogue`` fused; InvalidWorkloadError if it cannot fuse one."""
+        if self.params.get("epilogue", ("", None))[0] != "epilogue":
+            raise InvalidWorkloadError(f"{self.op} cannot fuse an epilogue")
+        return dataclasses.replace(self, epilogue=epilogue)  # type: ignore[call-arg]
+
     @abstractmethod
     def input_shapes(self) -> dict[str, Shape]:
         """Input tensors in call order: activations first, then weights."""
@@ -100,7 +130,11 @@ class Workload(ABC):
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.params}
+        return {name: _json_value(getattr(self, name)) for name in self.params}
+
+
+def _json_value(value: Any) -> Any:
+    return value.text if isinstance(value, Epilogue) else value
 
 
 def _expand(kind: str, value: Any) -> Any:
@@ -114,6 +148,8 @@ def _expand(kind: str, value: Any) -> Any:
 
 
 def _format_value(value: Any) -> str:
+    if isinstance(value, Epilogue):
+        return value.text
     if isinstance(value, tuple):
         if len(set(value)) == 1:
             return str(value[0])
@@ -122,6 +158,8 @@ def _format_value(value: Any) -> str:
 
 
 def _parse_value(op: str, name: str, kind: str, text: str) -> Any:
+    if kind == "epilogue":
+        return parse_epilogue(text)
     pieces = text.replace("(", "").replace(")", "").split("x")
     try:
         numbers = tuple(int(p) for p in pieces)
@@ -172,6 +210,9 @@ def make_workload(op: str, **values: Any) -> Workload:
     kwargs = {}
     for name, (kind, default) in cls.params.items():
         raw = values.get(name, default)
+        if kind == "epilogue":
+            kwargs[name] = parse_epilogue(raw) if isinstance(raw, str) else raw
+            continue
         if isinstance(raw, list):
             raw = tuple(raw)
         if kind != "int" and isinstance(raw, tuple) and not 0 < len(raw) <= 4:

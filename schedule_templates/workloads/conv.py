@@ -1,4 +1,7 @@
-"""Convolution workloads in NCHW: ``conv2d`` (groups = 1) and ``depthwise_conv2d`` (groups = C)."""
+"""Convolution workloads in NCHW: ``conv2d`` (groups = 1) and ``depthwise_conv2d`` (groups = C).
+
+Both may fuse an epilogue (bias, folded batch norm, residual, ReLU/clip) on their output.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import numpy as np
 
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads.base import Shape, Workload, register
+from schedule_templates.workloads.epilogue import NO_EPILOGUE, Epilogue
 
 _CONV_PARAMS: dict[str, tuple[str, Any]] = {
     "N": ("int", None),
@@ -24,6 +28,7 @@ _WINDOW_PARAMS: dict[str, tuple[str, Any]] = {
     "pad": ("quad", (0, 0, 0, 0)),
     "dilation": ("pair", (1, 1)),
 }
+_EPILOGUE_PARAM: dict[str, tuple[str, Any]] = {"epilogue": ("epilogue", NO_EPILOGUE)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +45,7 @@ class _Window(Workload):
     pad: tuple[int, int, int, int]
     dilation: tuple[int, int]
 
-    constant_inputs: ClassVar[tuple[str, ...]] = ("weight",)
+    constant_inputs: ClassVar[tuple[str, ...]] = ("weight", "scale", "bias")
 
     @property
     def out_h(self) -> int:
@@ -76,6 +81,10 @@ class _Window(Workload):
                 cols = slice(w0, w0 + sw * (self.out_w - 1) + 1, sw)
                 yield r, s, x[:, :, rows, cols]
 
+    def _fused(self) -> str:
+        epilogue = self.epilogue_spec
+        return f", fused {epilogue.describe()}" if epilogue else ""
+
     def _geometry(self) -> str:
         text = f"{self.R}x{self.S}"
         if self.stride != (1, 1):
@@ -97,17 +106,20 @@ class Conv2d(_Window):
     """``out[n,k,oh,ow] = sum_{c,r,s} data[n,c,oh*sh+r*dh-pt,ow*sw+s*dw-pl] * weight[k,c,r,s]``."""
 
     K: int = 0
+    epilogue: Epilogue = NO_EPILOGUE
 
     op: ClassVar[str] = "conv2d"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
         **_CONV_PARAMS,
         "K": ("int", None),
         **_WINDOW_PARAMS,
+        **_EPILOGUE_PARAM,
     }
 
     def input_shapes(self) -> dict[str, Shape]:
         return {"data": (self.N, self.C, self.H, self.W),
-                "weight": (self.K, self.C, self.R, self.S)}
+                "weight": (self.K, self.C, self.R, self.S),
+                **self.epilogue.input_shapes(self.output_shape())}
 
     def output_shape(self) -> Shape:
         return (self.N, self.K, self.out_h, self.out_w)
@@ -122,12 +134,12 @@ class Conv2d(_Window):
             # (K, C) x (N, C, OH, OW) -> (K, N, OH, OW)
             partial = np.tensordot(weight[:, :, r, s], window, axes=([1], [1]))
             out += partial.transpose(1, 0, 2, 3)
-        return out
+        return self.epilogue.apply(out, inputs)
 
     def describe(self) -> str:
         return (
             f"conv2d {self.C}->{self.K} channels, {self.H}x{self.W} input, {self._geometry()}"
-            + (f", batch {self.N}" if self.N != 1 else "")
+            + (f", batch {self.N}" if self.N != 1 else "") + self._fused()
         )
 
 
@@ -137,18 +149,21 @@ class DepthwiseConv2d(_Window):
     """Grouped convolution with groups = C; output channel ``c*multiplier + m`` reads channel c."""
 
     multiplier: int = 1
+    epilogue: Epilogue = NO_EPILOGUE
 
     op: ClassVar[str] = "depthwise_conv2d"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
         **_CONV_PARAMS,
         **_WINDOW_PARAMS,
         "multiplier": ("int", 1),
+        **_EPILOGUE_PARAM,
     }
 
     def input_shapes(self) -> dict[str, Shape]:
         return {
             "data": (self.N, self.C, self.H, self.W),
             "weight": (self.C * self.multiplier, 1, self.R, self.S),
+            **self.epilogue.input_shapes(self.output_shape()),
         }
 
     def output_shape(self) -> Shape:
@@ -163,11 +178,11 @@ class DepthwiseConv2d(_Window):
         for r, s, window in self._windows(inputs["data"]):
             expanded = np.repeat(window, self.multiplier, axis=1)
             out += expanded * weight[None, :, r, s, None, None]
-        return out
+        return self.epilogue.apply(out, inputs)
 
     def describe(self) -> str:
         mult = f" x{self.multiplier}" if self.multiplier != 1 else ""
         return (
             f"depthwise conv2d {self.C} channels{mult}, {self.H}x{self.W} input, {self._geometry()}"
-            + (f", batch {self.N}" if self.N != 1 else "")
+            + (f", batch {self.N}" if self.N != 1 else "") + self._fused()
         )

@@ -1,4 +1,7 @@
-"""Matrix-multiply workloads: ``dense`` (Gemm with transB=1) and ``batch_matmul`` (MatMul)."""
+"""Matrix-multiply workloads: ``dense`` (Gemm with transB=1) and ``batch_matmul`` (MatMul).
+
+``dense`` may fuse an epilogue on its output (per-column bias and scale, residual, ReLU/clip).
+"""
 
 from __future__ import annotations
 
@@ -9,27 +12,31 @@ from typing import Any, ClassVar
 import numpy as np
 
 from schedule_templates.workloads.base import Shape, Workload, register
+from schedule_templates.workloads.epilogue import NO_EPILOGUE, Epilogue
 
 
 @register
 @dataclasses.dataclass(frozen=True)
 class Dense(Workload):
-    """``out[M,N] = data[M,K] . weight[N,K]^T``."""
+    """``out[M,N] = data[M,K] . weight[N,K]^T``, then the epilogue (channels are columns)."""
 
     M: int
     N: int
     K: int
+    epilogue: Epilogue = NO_EPILOGUE
 
     op: ClassVar[str] = "dense"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
         "M": ("int", None),
         "N": ("int", None),
         "K": ("int", None),
+        "epilogue": ("epilogue", NO_EPILOGUE),
     }
-    constant_inputs: ClassVar[tuple[str, ...]] = ("weight",)
+    constant_inputs: ClassVar[tuple[str, ...]] = ("weight", "scale", "bias")
 
     def input_shapes(self) -> dict[str, Shape]:
-        return {"data": (self.M, self.K), "weight": (self.N, self.K)}
+        return {"data": (self.M, self.K), "weight": (self.N, self.K),
+                **self.epilogue.input_shapes(self.output_shape())}
 
     def output_shape(self) -> Shape:
         return (self.M, self.N)
@@ -38,10 +45,12 @@ class Dense(Workload):
         return 2 * self.M * self.N * self.K
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        return np.asarray(inputs["data"] @ inputs["weight"].T, dtype=np.float32)
+        out = np.asarray(inputs["data"] @ inputs["weight"].T, dtype=np.float32)
+        return self.epilogue.apply(out, inputs)
 
     def describe(self) -> str:
-        return f"dense {self.M}x{self.K} by {self.K}x{self.N} (weights {self.N}x{self.K})"
+        fused = f", fused {self.epilogue.describe()}" if self.epilogue else ""
+        return f"dense {self.M}x{self.K} by {self.K}x{self.N} (weights {self.N}x{self.K}){fused}"
 
 
 @register

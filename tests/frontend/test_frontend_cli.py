@@ -31,7 +31,9 @@ def test_extract_table(bert_path: Path, capsys: Any) -> None:
     assert main(["extract", str(bert_path)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["workload", "key", "weight", "GFLOP"]
-    row = next(line for line in out.splitlines() if "dense:M=128,N=768,K=768" in line)
+    row = next(line for line in out.splitlines()
+               if "dense:M=128,N=768,K=768,epilogue=bias " in line)
+    # query, key, value (bias) and the attention output (bias + residual): one space
     assert row.split()[-2:] == ["4", "0.151"]
     assert "5 tasks" in out
 
@@ -42,10 +44,10 @@ def test_extract_json(bert_path: Path, capsys: Any) -> None:
     assert set(payload) == {"tasks", "unsupported"}
     first = payload["tasks"][0]
     assert first == {
-        "workload": "dense:M=128,N=768,K=768",
-        "weight": 4,
+        "workload": "dense:M=128,N=768,K=768,epilogue=bias",
+        "weight": 4,  # with the attention output (bias + residual)
         "flops": 2 * 128 * 768 * 768,
-        "description": "dense 128x768 by 768x768 (weights 768x768)",
+        "description": "dense 128x768 by 768x768 (weights 768x768), fused bias",
     }
     assert payload["unsupported"] == []
 

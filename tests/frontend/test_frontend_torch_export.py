@@ -39,7 +39,7 @@ def _summary(result: ExtractionResult) -> list[tuple[str, int]]:
         (
             torch.nn.Conv2d(8, 16, 3, padding=1),
             [(1, 8, 16, 16)],
-            "conv2d:N=1,C=8,H=16,W=16,K=16,R=3,S=3,pad=1",
+            "conv2d:N=1,C=8,H=16,W=16,K=16,R=3,S=3,pad=1,epilogue=bias",
         ),
         (
             torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=8, bias=False),
@@ -49,10 +49,11 @@ def _summary(result: ExtractionResult) -> list[tuple[str, int]]:
         (
             torch.nn.Conv2d(4, 4, (3, 1), dilation=(2, 1), padding=(2, 0)),
             [(2, 4, 10, 10)],
-            "conv2d:N=2,C=4,H=10,W=10,K=4,R=3,S=1,pad=2x0x2x0,dilation=2x1",
+            "conv2d:N=2,C=4,H=10,W=10,K=4,R=3,S=1,pad=2x0x2x0,dilation=2x1,epilogue=bias",
         ),
-        (torch.nn.Linear(32, 10), [(4, 32)], "dense:M=4,N=10,K=32"),
-        (torch.nn.Linear(32, 10), [(2, 5, 32)], "dense:M=10,N=10,K=32"),
+        # Gemm with C, and MatMul + Add: the bias is fused either way
+        (torch.nn.Linear(32, 10), [(4, 32)], "dense:M=4,N=10,K=32,epilogue=bias"),
+        (torch.nn.Linear(32, 10), [(2, 5, 32)], "dense:M=10,N=10,K=32,epilogue=bias"),
         (_BatchedMatmul(), [(12, 8, 16), (12, 16, 5)], "batch_matmul:B=12,M=8,N=5,K=16"),
         (_BatchedMatmul(), [(3, 4, 8, 16), (3, 4, 16, 5)], "batch_matmul:B=12,M=8,N=5,K=16"),
     ],
@@ -100,7 +101,7 @@ def test_small_cnn_merges_repeated_layers() -> None:
     layers += [torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10)]
     result = extract_tasks(_export(torch.nn.Sequential(*layers), torch.randn(1, 3, 8, 8)))
     assert _summary(result) == [
-        ("conv2d:N=1,C=3,H=8,W=8,K=8,R=3,S=3,pad=1", 1),
-        ("conv2d:N=1,C=8,H=8,W=8,K=8,R=3,S=3,pad=1", 3),
-        ("dense:M=1,N=10,K=512", 1),
+        ("conv2d:N=1,C=3,H=8,W=8,K=8,R=3,S=3,pad=1,epilogue=bias+relu", 1),
+        ("conv2d:N=1,C=8,H=8,W=8,K=8,R=3,S=3,pad=1,epilogue=bias+relu", 3),
+        ("dense:M=1,N=10,K=512,epilogue=bias", 1),
     ]

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         Unsupported,
         extract_tasks,
     )
+    from tuner_service.frontend.fusion import Layer, plan_layers
     from tuner_service.frontend.samples import (
         SAMPLE_MODELS,
         build_sample_model,
@@ -32,6 +33,8 @@ _EXPORTS = {
     "ExtractionResult": "extract",
     "Unsupported": "extract",
     "extract_tasks": "extract",
+    "Layer": "fusion",
+    "plan_layers": "fusion",
     "SAMPLE_MODELS": "samples",
     "build_sample_model": "samples",
     "sample_model_bytes": "samples",
@@ -42,10 +45,12 @@ __all__ = [
     "ExtractedTask",
     "ExtractionResult",
     "FrontendError",
+    "Layer",
     "ModelError",
     "Unsupported",
     "build_sample_model",
     "extract_tasks",
+    "plan_layers",
     "sample_model_bytes",
 ]
 

@@ -5,6 +5,8 @@ a model (a transposed convolution, a 3-D Conv, a MatMul with odd broadcasting, a
 dynamic batch) is reported in ``unsupported`` with the reason, so the user sees what the tuner
 will not touch instead of silently getting a partial speed-up. Cheap operators (activations,
 pooling, normalization, reshapes) are neither tasks nor unsupported: libraries do them well.
+Epilogues the layer plan fuses into a tunable node (bias, batch norm, residual add, ReLU/clip,
+see ``fusion``) are part of its task's workload key.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import Workload
 from tuner_service.frontend.conv import map_conv
 from tuner_service.frontend.errors import ModelError, UnmappableNode
+from tuner_service.frontend.fusion import fused_workloads
 from tuner_service.frontend.graph import GraphIndex, index_graph
 from tuner_service.frontend.loading import load_model
 from tuner_service.frontend.matmul import map_gemm, map_matmul
@@ -61,6 +64,8 @@ class ExtractedTask:
     workload: Workload
     weight: int
     nodes: tuple[str, ...]
+    #: every fused key these nodes compute (``workload`` is the most frequent of them)
+    variants: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +100,9 @@ def extract_tasks(model: bytes | bytearray | memoryview | onnx.ModelProto) -> Ex
     """
     proto = load_model(model)
     graph = index_graph(proto.graph)
-    found: dict[str, tuple[Workload, list[str]]] = {}
+    fused = fused_workloads(proto, graph)
+    # base key -> fused key -> (workload, node names): one task per base workload
+    found: dict[str, dict[str, tuple[Workload, list[str]]]] = {}
     unsupported: list[Unsupported] = []
     rejected = 0
     for index, node in enumerate(proto.graph.node):
@@ -105,13 +112,28 @@ def extract_tasks(model: bytes | bytearray | memoryview | onnx.ModelProto) -> Ex
             unsupported.append(outcome)
             rejected += outcome.reason.startswith(_INVALID_PREFIX)
         elif outcome is not None:
-            found.setdefault(outcome.key, (outcome, []))[1].append(name)
+            outcome = fused.get(index, outcome)
+            variants = found.setdefault(outcome.base_key, {})
+            variants.setdefault(outcome.key, (outcome, []))[1].append(name)
     unsupported.extend(_nested_unsupported(proto.graph))
     if rejected and not found and rejected == len(unsupported):
         raise ModelError(f"every tunable layer has impossible dimensions: {unsupported[0].reason}")
-    tasks = [ExtractedTask(w, len(names), tuple(names)) for w, names in found.values()]
+    tasks = [_merge_variants(variants) for variants in found.values()]
     logger.debug("extracted %d tasks, %d unsupported nodes", len(tasks), len(unsupported))
     return ExtractionResult(tasks=tasks, unsupported=unsupported)
+
+
+def _merge_variants(variants: Mapping[str, tuple[Workload, list[str]]]) -> ExtractedTask:
+    """One task for the layers that share a base workload but fuse different epilogues.
+
+    Their spaces and records are the same (an epilogue changes only the output stage), so
+    tuning each variant separately would spend the budget twice on one space. The task
+    measures the most frequent variant, so its timings include a real epilogue, and weighs all
+    of them; the tuning log serves the other variants from its records (``log.best``).
+    """
+    workload, _ = max(variants.values(), key=lambda pair: len(pair[1]))  # first on ties
+    names = [name for _, group in variants.values() for name in group]
+    return ExtractedTask(workload, len(names), tuple(names), tuple(sorted(variants)))
 
 
 def _map_node(node: onnx.NodeProto, name: str, graph: GraphIndex) -> Workload | Unsupported | None:

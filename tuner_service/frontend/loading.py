@@ -38,6 +38,7 @@ def load_model(model: bytes | bytearray | memoryview | onnx.ModelProto) -> onnx.
     """
     data, proto = _parse(model)
     refuse_external_data(proto)
+    refuse_negative_dims(proto)
     _check(data)
     if len(proto.functions):
         data = _inline_functions(proto).SerializeToString()
@@ -76,6 +77,22 @@ def refuse_external_data(proto: onnx.ModelProto) -> None:
                 f"tensor {tensor.name or '(unnamed)'!r} in {where} stores its data in an external "
                 "file; upload a self-contained model (onnx.save with save_as_external_data=False)"
             )
+
+
+def refuse_negative_dims(proto: onnx.ModelProto) -> None:
+    """Raise ModelError for a declared negative dimension (onnx's checker lets them pass)."""
+    graph = proto.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if not info.type.HasField("tensor_type"):
+            continue
+        for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                raise ModelError(f"tensor {info.name!r} declares dimension {dim.dim_value} at "
+                                 f"axis {axis}; dimensions cannot be negative")
+    for tensor in graph.initializer:
+        if any(d < 0 for d in tensor.dims):
+            raise ModelError(f"initializer {tensor.name!r} declares negative dimensions "
+                             f"{list(tensor.dims)}")
 
 
 def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import InvalidWorkloadError
@@ -33,12 +33,34 @@ def canonical_key(key: str) -> str:
 
 
 def best(session: Session, workload: str, target: str) -> dict[str, Any]:
+    """The best config for ``workload`` on ``target``.
+
+    A fused workload (``...,epilogue=bias+relu``) and its base share one search space, so when
+    the exact key has no entry, the family serves it: the base key's entry first, else the
+    fastest entry of a sibling epilogue. The answer's ``workload`` says which key was measured.
+    """
     key = canonical_key(workload)
     entry = session.scalar(select(TuningLogEntry).where(
         TuningLogEntry.workload_key == key, TuningLogEntry.target == target))
     if entry is None:
+        entry = _family_best(session, key, target)
+    if entry is None:
         raise NotFoundError(f"no tuned config for {key} on {target}")
     return entry_json(entry)
+
+
+def _family_best(session: Session, key: str, target: str) -> TuningLogEntry | None:
+    base = parse_workload(key).base_key
+    # the epilogue is a key's last parameter: every fused variant starts with this prefix
+    family = session.scalars(select(TuningLogEntry).where(
+        TuningLogEntry.target == target,
+        or_(TuningLogEntry.workload_key == base,
+            TuningLogEntry.workload_key.startswith(f"{base},epilogue=", autoescape=True)),
+    )).all()
+    if not family:
+        return None
+    return min(family, key=lambda e: (e.workload_key != base, -e.template_version,
+                                      e.mean_cost, e.workload_key))
 
 
 def entries(session: Session, op: str | None, target: str | None, workload: str | None,
