@@ -1,6 +1,7 @@
 """Tuned kernels against numpy, PyTorch and the machine's measured FMA peak, in one run.
 
     python bench/kernels.py [--quick] [--threads T] [--trials N] [--json]
+    python bench/kernels.py --target "cuda -arch=sm_90" [--quick]   (on a GPU machine)
 
 Prints one JSON object per workload, then a summary object. Baselines run in fresh processes
 with the same thread count; the peak is our own generated FMA loop on the same threads.
@@ -34,21 +35,27 @@ from tuner_service.tuning.isolated import IsolatedMeasure
 from tuner_service.tuning.local_loop import best_trial, tune
 
 HERE = Path(__file__).resolve().parent
+#: the issue's GPU headline: dense 4096^3 against cuBLAS
+CUDA_EXTRA = ["dense:M=4096,N=4096,K=4096"]
 
 
-def baselines(key: str, threads: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, str(HERE / "baselines.py"), key, str(threads)],
+def baselines(key: str, threads: int, target: str = "llvm") -> dict[str, Any]:
+    # on a GPU the vendor libraries (cuBLAS, cuDNN) through PyTorch, fp32 with TF32 off
+    args = [key] if target.startswith("cuda") else [key, str(threads)]
+    script = "cuda_baselines.py" if target.startswith("cuda") else "baselines.py"
+    out = subprocess.run([sys.executable, str(HERE / script), *args],
                          capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int) -> dict[str, Any]:
+def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
+             target: str = "llvm") -> dict[str, Any]:
     workload = parse_workload(key)
-    template = get_template(workload.op)
+    template = get_template(workload.op, target)
     tuner = make_tuner(tuner_name, workload, template.space(workload), seed)
     options = MeasureOptions(number=1, repeat=3, min_repeat_ms=40.0)
     start = time.perf_counter()
-    with IsolatedMeasure(key, template.name, "llvm", threads, options) as measure:
+    with IsolatedMeasure(key, template.name, target, threads, options) as measure:
         history = tune(workload, tuner, trials, measure, batch=8,
                        initial=[template.default_config(workload).index])
     best = best_trial(history)
@@ -78,24 +85,28 @@ def main() -> None:
     parser.add_argument("--trials", type=int, help="trials per workload (default 12 quick, 64)")
     parser.add_argument("--tuner", default="random")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default="llvm",
+                        help="llvm, or cuda -arch=sm_90 (tuned on the GPU, against cuBLAS/cuDNN)")
     parser.add_argument("--only", help="substring filter on workload keys")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args()
     trials = args.trials or (12 if args.quick else 64)
-    peak = measure_peak_gflops(args.threads)
+    gpu = args.target.startswith("cuda")
+    peak = None if gpu else measure_peak_gflops(args.threads)
     rows = []
-    for key in [k for k in ALL if not args.only or args.only in k]:
+    keys = [*CUDA_EXTRA, *ALL] if gpu else ALL
+    for key in [k for k in keys if not args.only or args.only in k]:
         row: dict[str, Any] = {"workload": key, "threads": args.threads, "trials": trials}
-        row.update(tune_one(key, args.threads, trials, args.tuner, args.seed))
-        row.update(baselines(key, args.threads))
+        row.update(tune_one(key, args.threads, trials, args.tuner, args.seed, args.target))
+        row.update(baselines(key, args.threads, args.target))
         row["peak_gflops"] = peak
         row["fraction_of_peak"] = ratio(row["tuned_gflops"], peak)
-        row["vs_numpy"] = ratio(row["tuned_gflops"], row["numpy_gflops"])
+        row["vs_numpy"] = ratio(row["tuned_gflops"], row.get("numpy_gflops"))
         row["vs_torch"] = ratio(row["tuned_gflops"], row["torch_gflops"])
         rows.append(row)
         print(json.dumps(row) if args.json else
               f"{key:<62} tuned {row['tuned_gflops']:7.1f}  torch {row['torch_gflops'] or 0:7.1f}"
-              f"  numpy {row['numpy_gflops'] or 0:7.1f}  peak {peak:6.1f}", flush=True)
+              f"  numpy {row.get('numpy_gflops') or 0:7.1f}  peak {peak or 0:6.1f}", flush=True)
     by_key = {r["workload"]: r for r in rows}
     summary = {
         "summary": True, "threads": args.threads, "trials": trials, "peak_gflops": peak,

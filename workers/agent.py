@@ -24,7 +24,7 @@ from workers.backends import BackendSpec
 from workers.backoff import Backoff
 from workers.client import ServerClient
 from workers.errors import ProtocolError, ServerRejected, ServerUnavailable, WorkerError
-from workers.hardware import cpu_facts, software_versions
+from workers.hardware import accelerator_facts, cpu_facts, software_versions
 from workers.heartbeat import Heartbeat, HeldItems
 from workers.measure.pool import IsolatedMeasurer
 from workers.peak import PeakGauge
@@ -89,7 +89,9 @@ class Agent:
             "name": self.settings.name,
             "hardware": {**cpu_facts(), "threads": self._max_threads(),
                          "parallel_build": self.settings.parallel_build,
-                         **self._peak_facts()},
+                         **self._peak_facts(),
+                         **accelerator_facts(self.settings.backend,
+                                             dict(self.settings.backend_options))},
             "software": {**software_versions(), "backend": self.settings.backend},
         }
         answer = self._retry("register", lambda: self.client.register(body))

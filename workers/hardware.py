@@ -76,6 +76,21 @@ def llc_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> i
     return int(max(data, key=lambda c: (c["level"], c["size_bytes"]))["size_bytes"])
 
 
+def accelerator_facts(backend: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"gpu": {...}}`` (name, ``compute_capability`` and launch limits, the keys GPU
+    templates read as ``device``) for a GPU backend; {} for others or an unreadable GPU."""
+    if backend != "cuda":
+        return {}
+    from workers.backends.cuda import gpu_facts  # imports pycuda: only for a GPU worker
+    from workers.errors import WorkerError
+
+    try:
+        return {"gpu": gpu_facts(int((options or {}).get("device", 0)))}
+    except WorkerError as e:
+        logger.warning("cannot read the GPU's facts: %s", e)
+        return {}
+
+
 def software_versions(names: tuple[str, ...] = _SOFTWARE) -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in names:

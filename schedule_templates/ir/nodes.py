@@ -202,6 +202,13 @@ class IfThen(Stmt):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Barrier(Stmt):
+    """``__syncthreads()``: every thread of a GPU block waits here. Only between thread-loop
+    nests (never inside one): each phase between barriers is its own set of thread loops, which
+    is also what makes a block runnable serially on the host."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Kernel:
     name: str
     params: tuple[Buffer, ...]  # inputs then the output, in call order

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from schedule_templates.ir.nodes import (
     Allocate,
+    Barrier,
     BinOp,
     Buffer,
     Const,
@@ -59,6 +60,8 @@ def _stmt_lines(s: Stmt, depth: int) -> list[str]:
         return [f"{pad}alloc {_buffer_decl(s.buffer)}", *_body_lines(s.body, depth)]
     if isinstance(s, IfThen):
         return [f"{pad}if {format_expr(s.cond)}:", *_body_lines(s.body, depth + 1)]
+    if isinstance(s, Barrier):
+        return [f"{pad}barrier"]
     raise TypeError(f"unknown statement {s!r}")
 
 

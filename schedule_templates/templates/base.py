@@ -27,6 +27,9 @@ class Template(ABC):
     target_kind: ClassVar[str]
     #: bump when a change makes old measurements of this template incomparable
     version: ClassVar[int] = 1
+    #: whether ``lower`` applies a workload's fused epilogue; templates that do not refuse
+    #: fused workloads in ``check`` (their output would silently lack the epilogue)
+    fuses_epilogue: ClassVar[bool] = False
 
     @abstractmethod
     def space(self, workload: Workload, device: Mapping[str, Any] | None = None) -> ConfigSpace:
@@ -50,6 +53,11 @@ class Template(ABC):
         """Raise InvalidConfigError unless ``config`` belongs to this workload's space."""
         if workload.op != self.op:
             raise InvalidWorkloadError(f"template {self.name} does not handle {workload.op}")
+        if workload.epilogue_spec and not self.fuses_epilogue:
+            raise InvalidWorkloadError(
+                f"template {self.name} cannot fuse the epilogue {workload.epilogue_spec}; "
+                f"use the base workload {workload.base_key}"
+            )
         space = self.space(workload)
         fresh = space.get(config.index)
         if fresh.entities != config.entities:
@@ -110,4 +118,11 @@ def get_template(op: str, target: str = "llvm") -> Template:
 def _load_builtin() -> None:
     # Importing the modules registers their templates; imported lazily so that this module
     # stays cheap to import and free of cycles.
-    from schedule_templates.templates import x86_conv2d, x86_depthwise, x86_gemm  # noqa: F401
+    from schedule_templates.templates import (  # noqa: F401
+        cuda_conv2d,
+        cuda_depthwise,
+        cuda_gemm,
+        x86_conv2d,
+        x86_depthwise,
+        x86_gemm,
+    )

@@ -20,11 +20,11 @@ def task(index: int) -> MeasureTask:
                        OPTIONS)
 
 
-def test_the_registry_names_llvm_and_fake_and_nothing_for_cuda_yet() -> None:
-    assert set(BACKENDS) == {"llvm", "fake"}
+def test_the_registry_names_llvm_fake_and_cuda() -> None:
+    assert set(BACKENDS) == {"llvm", "fake", "cuda"}
     assert backend_class("fake") is FakeBackend
     with pytest.raises(BackendError, match="unknown backend"):
-        backend_class("cuda")
+        backend_class("opencl")
 
 
 def test_fake_costs_are_deterministic_and_seeded() -> None:

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tuner worker: --server and --token (or {ENV_SERVER}, {ENV_TOKEN}) are required")
         return 2
     backend = args.backend or args.target.split()[0]
+    if backend == "cuda" and args.target.strip() == "cuda":
+        args.target = _cuda_target()  # records keep the architecture: cuda -arch=sm_XX
     try:
         options = parse_backend_options(args.backend_option)
         if args.fake_failures:
@@ -75,6 +77,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"tuner worker: {e}")
         return 2
     return run_worker(settings)
+
+
+def _cuda_target() -> str:
+    from workers.backends.cuda import gpu_facts, target_for
+    from workers.errors import WorkerError
+
+    try:
+        return target_for(gpu_facts())
+    except WorkerError as e:
+        raise SystemExit(f"tuner worker: {e}") from None
 
 
 def parse_backend_options(pairs: list[str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from workers.errors import BackendError
 BACKENDS: Mapping[str, tuple[str, str, str]] = types.MappingProxyType({
     "llvm": ("workers.backends.llvm", "LlvmBackend", "pip install 'tuner[worker]' (llvmlite)"),
     "fake": ("workers.backends.fake", "FakeBackend", ""),
+    "cuda": ("workers.backends.cuda", "CudaBackend", "pip install 'tuner[cuda]' (pycuda)"),
 })
 
 

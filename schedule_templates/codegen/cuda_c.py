@@ -1,0 +1,399 @@
+"""Loop-nest IR -> CUDA C: one ``extern "C" __global__`` kernel and its launch shape.
+
+- block and thread loops become ``blockIdx``/``threadIdx`` (guarded when a loop is shorter than
+  the launch dimension); ``Barrier`` is ``__syncthreads()``;
+- SHARED buffers are ``__shared__ __align__(16)`` arrays, LOCAL ones per-thread arrays that
+  nvcc keeps in registers when every index is a constant after unrolling;
+- unrolled loops stay loops under ``#pragma unroll`` (readable; nvcc unrolls them fully);
+- a vectorized loop of 2 or 4 lanes around one store reads every unit-stride operand whose
+  address provably divides by the width as one ``float2``/``float4`` (and writes the same way);
+  anything else is emitted lane by lane, which is always correct;
+- inputs are ``const float* __restrict__``, indices are 32-bit ``int`` (tensors stay below
+  2^30 elements).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from schedule_templates.errors import CodegenError
+from schedule_templates.ir.analysis import (
+    flat_offset,
+    linear_coeff,
+    loads_in,
+    substitute,
+    uses_var,
+    walk,
+)
+from schedule_templates.ir.gpu import BLOCK_KINDS, THREAD_KINDS, LaunchDims, launch_dims, map_expr
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Barrier,
+    BinOp,
+    Buffer,
+    Const,
+    Expr,
+    IfThen,
+    Kernel,
+    Load,
+    Loop,
+    LoopKind,
+    Scope,
+    Select,
+    Stmt,
+    Store,
+    Var,
+)
+
+#: C precedence (higher binds tighter)
+_PRECEDENCE = {"and": 1, "==": 2, "!=": 2, "<": 3, "<=": 3, ">=": 3, ">": 3,
+               "+": 4, "-": 4, "*": 5, "//": 5, "%": 5}
+_C_OP = {"//": "/", "and": "&&"}
+_COMPONENTS = "xyzw"
+_RESERVED = {"int", "float", "const", "for", "if", "else", "do", "while", "return", "char",
+             "void", "auto", "register", "signed", "unsigned", "long", "short", "double",
+             "switch", "case", "break", "continue", "default", "static", "struct", "min", "max"}
+_GPU_INDEX = {
+    LoopKind.BLOCK_X: "blockIdx.x", LoopKind.BLOCK_Y: "blockIdx.y", LoopKind.BLOCK_Z: "blockIdx.z",
+    LoopKind.THREAD_X: "threadIdx.x", LoopKind.THREAD_Y: "threadIdx.y",
+    LoopKind.THREAD_Z: "threadIdx.z",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaKernel:
+    """Generated source and everything needed to launch it."""
+
+    name: str
+    source: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    #: argument buffer names, in call order (params, then workspace)
+    params: tuple[str, ...]
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+def generate_cuda(kernel: Kernel, name: str | None = None) -> CudaKernel:
+    """CUDA C for ``kernel``; ``name`` overrides the symbol (several kernels in one file)."""
+    return _Writer(kernel, name or kernel.name).generate()
+
+
+def divisible(e: Expr, n: int) -> bool:
+    """True when ``e`` is provably a multiple of ``n`` for every value of its variables."""
+    if isinstance(e, Const):
+        return isinstance(e.value, int) and e.value % n == 0
+    if isinstance(e, BinOp):
+        if e.op in ("+", "-", "max", "min"):
+            return divisible(e.a, n) and divisible(e.b, n)
+        if e.op == "*":
+            return divisible(e.a, n) or divisible(e.b, n)
+    if isinstance(e, Select):
+        return divisible(e.a, n) and divisible(e.b, n)
+    return False
+
+
+def fold_sums(e: Expr) -> Expr:
+    """Integer sums with their constants gathered at the end: ``t*4 + 1 + 1`` is ``t*4 + 2``."""
+    if isinstance(e, BinOp) and e.op in ("+", "-") and e.dtype == "int64":
+        terms: list[tuple[int, Expr]] = []
+        constant = _gather(e, 1, terms)
+        out: Expr | None = None
+        for sign, term in terms:
+            folded = fold_sums(term)
+            if out is None:
+                out = folded if sign > 0 else Const(0) - folded
+            else:
+                out = BinOp("+" if sign > 0 else "-", out, folded)
+        if out is None:
+            return Const(constant)
+        if constant:
+            out = BinOp("+" if constant > 0 else "-", out, Const(abs(constant)))
+        return out
+    if isinstance(e, BinOp):
+        return BinOp(e.op, fold_sums(e.a), fold_sums(e.b))
+    if isinstance(e, Select):
+        return Select(fold_sums(e.cond), fold_sums(e.a), fold_sums(e.b))
+    return e
+
+
+def _gather(e: Expr, sign: int, terms: list[tuple[int, Expr]]) -> int:
+    if isinstance(e, BinOp) and e.op in ("+", "-"):
+        return _gather(e.a, sign, terms) + _gather(e.b, sign if e.op == "+" else -sign, terms)
+    if isinstance(e, Const) and e.dtype == "int64":
+        return sign * int(e.value)
+    terms.append((sign, e))
+    return 0
+
+
+class _Writer:
+    def __init__(self, kernel: Kernel, name: str) -> None:
+        self.kernel = kernel
+        self.name = _identifier(name)
+        self.dims: LaunchDims = launch_dims(kernel)
+        self.lines: list[str] = []
+        self.depth = 1
+        self.names: dict[Var, str] = {}
+        self.live: set[str] = set()
+        self.buffers: dict[Buffer, str] = {}
+        self.shared_bytes = 0
+        self._temps = 0
+
+    def generate(self) -> CudaKernel:
+        args = (*self.kernel.params, *self.kernel.workspace)
+        written = {s.buffer for s in walk(self.kernel.body) if isinstance(s, Store)}
+        decls = []
+        for buf in args:
+            if buf.dtype != "float32":
+                raise CodegenError(f"argument {buf.name}: only float32 buffers are supported")
+            cname = self._buffer_name(buf)
+            const = "" if buf in written else "const "
+            decls.append(f"{const}float* __restrict__ {cname}")
+        self._body(self.kernel.body)
+        grid, block = self.dims.grid, self.dims.block
+        header = [
+            f"// {self.kernel.name}: grid ({grid[0]}, {grid[1]}, {grid[2]}), "
+            f"block ({block[0]}, {block[1]}, {block[2]}), {self.shared_bytes} bytes shared",
+            f'extern "C" __global__ void __launch_bounds__({self.dims.threads})',
+            f"{self.name}({', '.join(decls)}) {{",
+        ]
+        source = "\n".join([*header, *self.lines, "}"]) + "\n"
+        return CudaKernel(self.name, source, grid, block, self.shared_bytes,
+                          tuple(b.name for b in args))
+
+    # -- names -------------------------------------------------------------------------------
+    def _fresh(self, base: str) -> str:
+        base = _identifier(base)
+        name, i = base, 1
+        taken = self.live | set(self.buffers.values()) | _RESERVED
+        while name in taken:
+            name, i = f"{base}_{i}", i + 1
+        return name
+
+    def _buffer_name(self, buf: Buffer) -> str:
+        cname = self._fresh(buf.name)
+        self.buffers[buf] = cname
+        return cname
+
+    def _bind(self, var: Var) -> str:
+        cname = self._fresh(var.name)
+        self.names[var] = cname
+        self.live.add(cname)
+        return cname
+
+    def _unbind(self, var: Var) -> None:
+        self.live.discard(self.names.pop(var))
+
+    def _emit(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    # -- statements --------------------------------------------------------------------------
+    def _body(self, body: tuple[Stmt, ...]) -> None:
+        for s in body:
+            self._stmt(s)
+
+    def _stmt(self, s: Stmt) -> None:
+        if isinstance(s, Store):
+            self._emit(f"{self._ref(s.buffer, s.indices)} = {self._expr(s.value)};")
+        elif isinstance(s, Loop):
+            self._loop(s)
+        elif isinstance(s, Allocate):
+            self._allocate(s)
+        elif isinstance(s, IfThen):
+            self._emit(f"if ({self._expr(s.cond)}) {{")
+            self._block(s.body)
+        elif isinstance(s, Barrier):
+            self._emit("__syncthreads();")
+        else:
+            raise CodegenError(f"cannot generate {type(s).__name__}")
+
+    def _block(self, body: tuple[Stmt, ...]) -> None:
+        self.depth += 1
+        self._body(body)
+        self.depth -= 1
+        self._emit("}")
+
+    def _allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        if buf.dtype != "float32":
+            raise CodegenError(f"buffer {buf.name}: only float32 buffers are supported")
+        cname = self._buffer_name(buf)
+        size = buf.size + buf.slack
+        if buf.scope is Scope.SHARED:
+            self.shared_bytes += 4 * size
+            self._emit(f"__shared__ __align__(16) float {cname}[{size}];")
+        elif buf.scope is Scope.LOCAL:
+            self._emit(f"float {cname}[{size}];")
+        else:
+            raise CodegenError(f"buffer {buf.name}: cannot allocate {buf.scope.value} memory")
+        self._body(s.body)
+
+    def _loop(self, s: Loop) -> None:
+        if s.kind in _GPU_INDEX:
+            self._gpu_loop(s)
+            return
+        if s.kind is LoopKind.VECTORIZE and self._vector_loop(s):
+            return
+        if s.extent == 1:
+            self._emit("{")
+            self._emit(f"  const int {self._bind(s.var)} = 0;")
+            self._block(s.body)
+        else:
+            if s.kind in (LoopKind.UNROLL, LoopKind.VECTORIZE):
+                self._emit("#pragma unroll")
+            v = self._bind(s.var)
+            self._emit(f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
+            self._block(s.body)
+        self._unbind(s.var)
+
+    def _gpu_loop(self, s: Loop) -> None:
+        full = self.dims.extent(s.kind)
+        kind = "block" if s.kind in BLOCK_KINDS else "thread"
+        assert s.kind in BLOCK_KINDS or s.kind in THREAD_KINDS
+        self._emit(f"{{  // {kind} loop {s.var.name} in 0..{s.extent}")
+        v = self._bind(s.var)
+        self.depth += 1
+        if _body_uses(s.body, s.var):
+            self._emit(f"const int {v} = {_GPU_INDEX[s.kind]};")
+        else:
+            v = _GPU_INDEX[s.kind]
+        if s.extent < full:
+            self._emit(f"if ({v} < {s.extent}) {{")
+            self._block(s.body)
+        else:
+            self._body(s.body)
+        self.depth -= 1
+        self._emit("}")
+        self._unbind(s.var)
+
+    # -- vector loops ------------------------------------------------------------------------
+    def _vector_loop(self, s: Loop) -> bool:
+        """One store over 2 or 4 lanes with vector loads/stores where alignment is provable;
+        False (emit a plain unrolled loop) when nothing would be vectorized."""
+        lanes = s.extent
+        if lanes not in (2, 4) or len(s.body) != 1 or not isinstance(s.body[0], Store):
+            return False
+        st = s.body[0]
+        lane = s.var
+        vec_loads = [ld for ld in _unique_loads(st.value)
+                     if _vector_access(ld.buffer, ld.indices, lane, lanes)]
+        vec_store = _vector_access(st.buffer, st.indices, lane, lanes)
+        if not vec_loads and not vec_store:
+            return False
+        vtype = f"float{lanes}"
+        self._emit("{")
+        self.depth += 1
+        parts: dict[int, list[Var]] = {}
+        for ld in vec_loads:
+            tmp = f"v{self._temps}"
+            self._temps += 1
+            base = substitute(flat_offset(ld.buffer, ld.indices), lane, 0)
+            self._emit(f"const {vtype} {tmp} = *reinterpret_cast<const {vtype}*>("
+                       f"&{self.buffers[ld.buffer]}[{self._expr(fold_sums(base))}]);")
+            comps = [Var(f"{tmp}.{_COMPONENTS[i]}") for i in range(lanes)]
+            for c in comps:
+                self.names[c] = c.name
+            parts[id(ld)] = comps
+        values = []
+        for i in range(lanes):
+            def pick(node: Expr, i: int = i) -> Expr | None:
+                return parts[id(node)][i] if id(node) in parts else None
+
+            values.append(self._expr(substitute(map_expr(st.value, pick), lane, i)))
+        offset = flat_offset(st.buffer, st.indices)
+        if vec_store:
+            base = substitute(offset, lane, 0)
+            self._emit(f"*reinterpret_cast<{vtype}*>(&{self.buffers[st.buffer]}"
+                       f"[{self._expr(fold_sums(base))}]) = make_{vtype}({', '.join(values)});")
+        else:
+            for i, value in enumerate(values):
+                index = fold_sums(substitute(offset, lane, i))
+                self._emit(f"{self.buffers[st.buffer]}[{self._expr(index)}] = {value};")
+        for comps in parts.values():
+            for c in comps:
+                del self.names[c]
+        self.depth -= 1
+        self._emit("}")
+        return True
+
+    # -- expressions -------------------------------------------------------------------------
+    def _ref(self, buf: Buffer, indices: tuple[Expr, ...]) -> str:
+        try:
+            cname = self.buffers[buf]
+        except KeyError:
+            raise CodegenError(f"buffer {buf.name} is used outside its scope") from None
+        return f"{cname}[{self._expr(fold_sums(flat_offset(buf, indices)))}]"
+
+    def _expr(self, e: Expr, parent: int = 0) -> str:
+        if isinstance(e, Var):
+            try:
+                return self.names[e]
+            except KeyError:
+                raise CodegenError(f"loop variable {e.name} used outside its loop") from None
+        if isinstance(e, Const):
+            return _float_literal(float(e.value)) if e.dtype == "float32" else str(int(e.value))
+        if isinstance(e, Load):
+            return self._ref(e.buffer, e.indices)
+        if isinstance(e, Select):
+            text = f"{self._expr(e.cond, 1)} ? {self._expr(e.a, 1)} : {self._expr(e.b, 1)}"
+            return f"({text})"
+        if isinstance(e, BinOp):
+            if e.op in ("max", "min"):
+                fn = f"f{e.op}f" if e.a.dtype == "float32" else e.op
+                return f"{fn}({self._expr(e.a)}, {self._expr(e.b)})"
+            prec = _PRECEDENCE[e.op]
+            # left-associative: the right operand of an equal-precedence operator needs brackets
+            text = (f"{self._expr(e.a, prec)} {_C_OP.get(e.op, e.op)} "
+                    f"{self._expr(e.b, prec + 1)}")
+            return f"({text})" if prec < parent else text
+        raise CodegenError(f"cannot generate expression {type(e).__name__}")
+
+
+def _vector_access(buf: Buffer, indices: tuple[Expr, ...], lane: Var, lanes: int) -> bool:
+    """Unit stride along the lane and a first address that is a multiple of the width."""
+    if buf.scope is Scope.LOCAL:  # register arrays are never reinterpreted
+        return False
+    offset = flat_offset(buf, indices)
+    if linear_coeff(offset, lane) != 1:
+        return False
+    return divisible(substitute(offset, lane, 0), lanes)
+
+
+def _body_uses(body: tuple[Stmt, ...], var: Var) -> bool:
+    for s in walk(body):
+        exprs: tuple[Expr, ...] = ()
+        if isinstance(s, Store):
+            exprs = (*s.indices, s.value)
+        elif isinstance(s, IfThen):
+            exprs = (s.cond,)
+        if any(uses_var(e, var) for e in exprs):
+            return True
+    return False
+
+
+def _unique_loads(e: Expr) -> list[Load]:
+    seen: dict[int, Load] = {}
+    for ld in loads_in(e):
+        seen.setdefault(id(ld), ld)
+    return list(seen.values())
+
+
+def _identifier(name: str) -> str:
+    text = re.sub(r"\W", "_", name)
+    return text if text and not text[0].isdigit() else f"_{text}"
+
+
+def _float_literal(value: float) -> str:
+    if math.isinf(value):
+        return "__int_as_float(0x7f800000)" if value > 0 else "__int_as_float(0xff800000)"
+    if math.isnan(value):
+        return "__int_as_float(0x7fffffff)"
+    text = repr(value)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + "f"
