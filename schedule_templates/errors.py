@@ -15,3 +15,7 @@ class InvalidConfigError(ScheduleError, ValueError):
 
 class CodegenError(ScheduleError):
     """The code generator could not turn a loop nest into machine code."""
+
+
+class DeviceCompileError(CodegenError):
+    """The device compiler (nvcc for CUDA) rejected generated device code."""

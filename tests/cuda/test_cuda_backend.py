@@ -41,6 +41,7 @@ class FakeGpu:
                            "MULTIPROCESSOR_COUNT": 132, "L2_CACHE_SIZE": 50 << 20,
                            "CLOCK_RATE": 1980000}
         self.contexts: list[str] = []
+        self.sticky_error: str | None = None
 
     def module(self) -> types.ModuleType:
         gpu = self
@@ -66,7 +67,8 @@ class FakeGpu:
 
             @staticmethod
             def synchronize() -> None:
-                pass
+                if gpu.sticky_error:
+                    raise RuntimeError(gpu.sticky_error)
 
         class Device:
             def __init__(self, ordinal: int) -> None:
@@ -229,14 +231,14 @@ def test_wrong_answer_is_caught(gpu: FakeGpu):
     assert result.error is ErrorKind.WRONG_ANSWER
 
 
-def test_nvcc_failure_is_a_compile_error(gpu: FakeGpu):
+def test_nvcc_failure_is_a_device_compile_error(gpu: FakeGpu):
     gpu.compile_error = "ptxas error: too much shared data"
     backend = create_backend(BackendSpec("cuda"))
     try:
         result = measure_task(backend, make_task())
     finally:
         backend.close()
-    assert result.error is ErrorKind.COMPILE_HOST
+    assert result.error is ErrorKind.COMPILE_DEVICE
     assert "too much shared data" in result.error_message
 
 
@@ -290,5 +292,15 @@ def test_real_gpu_matches_numpy(key: str):
         for index in [None, *space.sample(3, np.random.default_rng(0))]:
             result = measure_task(backend, make_task(index, target=target, key=key))
             assert result.ok, result.error_message
+    finally:
+        backend.close()
+
+
+def test_a_sticky_launch_fault_marks_the_backend_unhealthy(gpu: FakeGpu):
+    backend = create_backend(BackendSpec("cuda"))
+    try:
+        assert backend.healthy()
+        gpu.sticky_error = "an illegal memory access was encountered"
+        assert not backend.healthy()  # the measuring child is then replaced
     finally:
         backend.close()

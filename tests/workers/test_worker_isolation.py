@@ -83,6 +83,15 @@ def test_children_are_recycled_and_nothing_leaks() -> None:
     assert set(multiprocessing.active_children()) <= before
 
 
+def test_a_backend_left_unusable_gets_a_fresh_child() -> None:
+    spec = BackendSpec("fake", {"validate": False, "faults": {2: "poison"}})
+    with IsolatedMeasurer(spec, parallel_build=1) as m:
+        results = {t.measure_id: r for t, r in m.measure_many(task(i) for i in range(5))}
+        assert results[2].error is ErrorKind.RUNTIME and "poison" in results[2].error_message
+        assert all(results[i].ok for i in (0, 1, 3, 4))
+        assert m.children_started == 2  # replaced once, after the poisoning candidate
+
+
 def test_timed_runs_never_overlap_compiles_or_each_other() -> None:
     # Compiles (0.3 s) may overlap each other, timed runs (0.3 s) may overlap nothing: 4 tasks
     # on 2 slots take at least 2 build rounds + 4 timings = 6 x 0.3 s. Fully parallel would be

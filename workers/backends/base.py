@@ -80,6 +80,11 @@ class Backend(ABC):
         """A cache flush writes twice the last-level cache."""
         return 2 * llc_bytes()
 
+    def healthy(self) -> bool:
+        """False when a candidate left the backend unusable (a GPU context after a launch
+        fault): the measuring process is then replaced before the next candidate."""
+        return True
+
     def measure_peak(self, threads: int) -> float | None:
         """The device's fp32 peak in GFLOPS on ``threads`` threads, measured by the backend's own
         code, or None when it cannot tell. Called between batches, never while timing."""

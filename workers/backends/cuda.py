@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from schedule_templates.codegen.cuda_c import CudaKernel, generate_cuda
-from schedule_templates.errors import CodegenError, InvalidConfigError
+from schedule_templates.errors import DeviceCompileError, InvalidConfigError
 from schedule_templates.records import MeasureOptions
 from workers.backends.base import Backend, BoundKernel, Resolved, reduction_length, resolve
 from workers.backends.llvm import INPUT_SEED
@@ -213,6 +213,16 @@ class CudaBackend(Backend):
             costs.append(elapsed / number)
         return tuple(costs)
 
+    def healthy(self) -> bool:
+        """A launch fault (illegal address, trap) is sticky: every later call in this context
+        fails, so the measuring process must be replaced."""
+        try:
+            self._drv.Context.synchronize()
+        except Exception as e:  # pycuda.driver.Error and its subclasses
+            logger.warning("the CUDA context is unusable after the last candidate: %s", e)
+            return False
+        return True
+
     def close(self) -> None:
         context = getattr(self, "_context", None)
         if context is not None:
@@ -228,7 +238,7 @@ class CudaBackend(Backend):
             return SourceModule(cuda.source, arch=self.arch, no_extern_c=True,
                                 options=self._nvcc_options)
         except CompileError as e:
-            raise CodegenError(f"nvcc failed for {cuda.name}: {e}") from e
+            raise DeviceCompileError(f"nvcc failed for {cuda.name}: {e}") from e
 
     def _operands_for(self, resolved: Resolved) -> _Operands:
         key = resolved.workload.key

@@ -24,8 +24,9 @@ from schedule_templates.workloads import parse_workload
 from workers.backends.base import Backend, BoundKernel, Resolved, resolve
 from workers.task import MeasureTask
 
+#: ``poison`` raises like ``runtime_error`` and leaves the backend unusable (a GPU launch fault)
 FAULT_MODES = ("invalid", "compile_error", "runtime_error", "wrong", "exit", "segfault",
-               "hang_build", "hang_run")
+               "hang_build", "hang_run", "poison")
 #: a hang lasts this long; the measurer's timeouts are far shorter
 HANG_S = 3600.0
 
@@ -58,6 +59,10 @@ class FakeBackend(Backend):
         self.noise = noise
         self.compile_s = compile_s
         self.run_s = run_s
+        self._poisoned = False
+
+    def healthy(self) -> bool:
+        return not self._poisoned
 
     def check(self, task: MeasureTask) -> Resolved | None:
         resolved = resolve(task) if self.validate else None
@@ -73,6 +78,7 @@ class FakeBackend(Backend):
         if mode == "compile_error":
             raise CodegenError(f"fake: config {config_index(task, resolved)} does not compile")
         time.sleep(self.compile_s)
+        self._poisoned = self._poisoned or mode == "poison"
         workload = parse_workload(task.workload)
         rng = self._rng(task, resolved)
         gflops = self.peak_gflops * max(1e-3, float(rng.uniform()) ** 2)
@@ -124,8 +130,8 @@ class FakeKernel:
         self._output = np.zeros(8, dtype=np.float32)
 
     def run(self) -> None:
-        if self.mode == "runtime_error":
-            raise FakeKernelError("fake: the kernel raised")
+        if self.mode in ("runtime_error", "poison"):
+            raise FakeKernelError(f"fake: the kernel raised ({self.mode})")
         if self.mode == "exit":
             os._exit(3)
         if self.mode == "segfault":

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 GO = "go"
 STOP = None
+#: child -> parent, before "done": the backend cannot measure another candidate
+RETIRE = "retire"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -38,7 +40,10 @@ def child_main(conn: Connection, spec: BackendSpec) -> None:
                 return
             if message is STOP:
                 return
-            conn.send(("done", _measure(backend, message, conn).to_json()))
+            result = _measure(backend, message, conn)
+            if not backend.healthy():  # say so first: the parent replaces this child
+                conn.send((RETIRE, None))
+            conn.send(("done", result.to_json()))
     finally:
         backend.close()
 

@@ -33,7 +33,7 @@ from typing import Any
 from schedule_templates.records import ErrorKind, MeasureResult
 from workers.backends import BackendSpec, create_backend
 from workers.errors import WorkerError
-from workers.measure.child import GO, STOP, child_main
+from workers.measure.child import GO, RETIRE, STOP, child_main
 from workers.measure.runner import Phase
 from workers.task import MeasureTask
 
@@ -60,6 +60,7 @@ class _Slot:
     granted: bool = False  # holds the timing phase
     started: float = 0.0
     deadline: float = math.inf
+    retire: bool = False  # the child's backend is unusable: replace it after this candidate
 
     @property
     def busy(self) -> bool:
@@ -192,6 +193,8 @@ class IsolatedMeasurer:
                 break
             if kind == "done":
                 yield self._finish(slot, MeasureResult.from_json(payload))
+            elif kind == RETIRE:
+                slot.retire = True
             else:
                 self._enter_phase(slot, Phase(payload))
         if slot.busy and not slot.process.is_alive():
@@ -212,7 +215,7 @@ class IsolatedMeasurer:
         assert task is not None
         slot.task, slot.phase, slot.granted, slot.deadline = None, None, False, math.inf
         slot.tasks_done += 1
-        if slot.tasks_done >= self.max_tasks_per_child:
+        if slot.retire or slot.tasks_done >= self.max_tasks_per_child:
             self._stop_child(slot)
         return task, result
 
@@ -252,7 +255,7 @@ class IsolatedMeasurer:
         with _child_environment(CHILD_ENVIRONMENT):
             process.start()
         child_end.close()
-        slot.process, slot.conn, slot.tasks_done = process, parent_end, 0
+        slot.process, slot.conn, slot.tasks_done, slot.retire = process, parent_end, 0, False
         self.children_started += 1
 
     def _stop_child(self, slot: _Slot) -> None:

@@ -16,7 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from schedule_templates.errors import InvalidConfigError, InvalidWorkloadError, ScheduleError
+from schedule_templates.errors import (
+    DeviceCompileError,
+    InvalidConfigError,
+    InvalidWorkloadError,
+    ScheduleError,
+)
 from schedule_templates.records import ErrorKind, MeasureOptions, MeasureResult
 from workers.backends import Backend, BackendSpec, BoundKernel, create_backend
 from workers.task import MeasureTask
@@ -120,6 +125,8 @@ def compare_output(kernel: BoundKernel) -> str | None:
 def _compile_error_kind(error: Exception) -> ErrorKind:
     if isinstance(error, InvalidConfigError | InvalidWorkloadError):
         return ErrorKind.INSTANTIATION
+    if isinstance(error, DeviceCompileError):
+        return ErrorKind.COMPILE_DEVICE
     if isinstance(error, ScheduleError):
         return ErrorKind.COMPILE_HOST
     # Not an expected failure: a bug in a template or the code generator. It is recorded (the
