@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
@@ -38,6 +38,16 @@ def register_worker(session: Session, body: dict[str, Any], token_id: int | None
 def touch_worker(session: Session, worker_id: int) -> None:
     session.execute(update(Worker).where(Worker.id == worker_id).values(last_heartbeat=utcnow())
                     .execution_options(synchronize_session=False))
+
+
+def live_workers(session: Session, target: str, device_key: str | None, window_s: float) -> int:
+    """Workers seen within ``window_s`` (database clock) that can serve a job on this target and
+    device key (a job without a device key is served by any worker of its target)."""
+    query = select(func.count()).select_from(Worker).where(
+        Worker.target == target, Worker.last_heartbeat >= utcnow_plus(-window_s))
+    if device_key is not None:
+        query = query.where(Worker.device_key == device_key)
+    return int(session.scalar(query) or 0)
 
 
 def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> list[int]:

@@ -7,9 +7,11 @@ space, stores all lines in one transaction (or none), skips records already pres
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,34 +76,63 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
     record = json.loads(line)
     if not isinstance(record, dict):
         raise ValueError("a record must be a JSON object")
-    config = spaces.validate(str(record["template"]), int(record["template_version"]),
-                             str(record["workload"]), record["config"])
+    template, workload = _text(record, "template", 128), _text(record, "workload", 512)
+    version = record["template_version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"'template_version' must be an integer, not {version!r}")
+    config = spaces.validate(template, version, workload, record["config"])
     result_json = record.get("result") or {}
     if not isinstance(result_json, dict):
         raise ValueError("'result' must be an object")
-    result = MeasureResult.from_json(result_json)
-    if result.error is ErrorKind.NONE and (not result.costs or min(result.costs) <= 0):
-        raise ValueError("a result without error needs positive costs")
+    result = _checked_result(MeasureResult.from_json(result_json))
     uid = str(record.get("uid") or hashlib.sha256(line.strip().encode()).hexdigest())
-    finished = _timestamp(record.get("timestamp"))
     peak = result_json.get("peak_gflops")
     return Measurement(
         uid=uid[:64], job_task_id=None, config_index=config.index, config=config.to_json(),
-        template=str(record["template"]), template_version=int(record["template_version"]),
-        workload_key=str(record["workload"]), target=str(record["target"]),
-        device_key=record.get("device_key"), state="done", attempts=0,
+        template=template, template_version=version,
+        workload_key=spaces.get(template, workload)[1].key, target=_text(record, "target", 255),
+        device_key=_text(record, "device_key", 255) if record.get("device_key") else None,
+        state="done", attempts=0,
         costs=list(result.costs), mean_cost=result.mean_cost if result.ok else None,
         error_kind=int(result.error), error_message=result.error_message,
         compile_time_s=result.compile_time_s, wall_time_s=result.wall_time_s,
-        peak_gflops=float(peak) if peak is not None else None, finished_at=finished,
+        peak_gflops=_finite(float(peak), "peak_gflops") if peak is not None else None,
+        finished_at=_timestamp(record.get("timestamp")),
     )
+
+
+def _text(record: dict[str, Any], key: str, limit: int) -> str:
+    value = record[key]
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise ValueError(f"'{key}' must be a non-empty string of at most {limit} characters")
+    return value
+
+
+def _finite(value: float, what: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, not {value}")
+    return value
+
+
+def _checked_result(result: MeasureResult) -> MeasureResult:
+    """The result with finite numbers only; a failed one keeps no costs (they mean nothing)."""
+    if result.error is not ErrorKind.NONE and result.costs:
+        result = dataclasses.replace(result, costs=())
+    for value in (*result.costs, result.compile_time_s, result.wall_time_s):
+        _finite(value, "costs and times")
+    if result.error is ErrorKind.NONE and (not result.costs or min(result.costs) <= 0):
+        raise ValueError("a result without error needs positive costs")
+    return result
 
 
 def _timestamp(value: Any) -> dt.datetime | None:
     if value in (None, ""):
         return None
-    if isinstance(value, int | float):
-        return dt.datetime.fromtimestamp(float(value), dt.UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return dt.datetime.fromtimestamp(float(value), dt.UTC)
+        except (OverflowError, OSError) as e:
+            raise ValueError(f"timestamp {value} is out of range") from e
     parsed = dt.datetime.fromisoformat(str(value))
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 

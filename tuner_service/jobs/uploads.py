@@ -21,6 +21,9 @@ def store_model(session: Session, data: bytes, name: str) -> tuple[Model, list[T
     existing = session.scalar(select(Model).where(Model.sha256 == digest))
     if existing is not None:
         return existing, model_tasks(session, existing.id)
+    # End that read before the slow part: on SQLite the transaction holds the database's write
+    # lock, and parsing a large model would stall every worker's report for seconds.
+    session.rollback()
     extraction = _extract(data)
     model = Model(sha256=digest, name=name[:255], size_bytes=len(data),
                   unsupported=[_unsupported_json(u) for u in extraction.unsupported])
