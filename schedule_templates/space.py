@@ -7,6 +7,7 @@ Knob kinds use AutoTVM's short names so records export unchanged: ``sp`` split, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -179,11 +180,11 @@ class ConfigSpace:
     #: a predicate a template uses to reject configs it could not run well (register pressure...)
     constraint: Callable[[Config], bool] | None = dataclasses.field(default=None, compare=False)
 
-    @property
+    @functools.cached_property  # hot: every index decode reads it (a frozen instance)
     def dims(self) -> tuple[int, ...]:
         return tuple(len(k.entities) for k in self.knobs)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         return math.prod(self.dims)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schedule_templates.records import MeasureResult
 
@@ -178,6 +179,13 @@ class ResultIn(Body):
     compile_time_s: float = 0.0
     wall_time_s: float = 0.0
     peak_gflops: float | None = None
+
+    @field_validator("peak_gflops")
+    @classmethod
+    def _plausible_peak(cls, value: float | None) -> float | None:
+        # A peak is context for the dashboard, not a measurement: one that is not a positive
+        # finite number is dropped rather than costing the worker its result.
+        return value if value is not None and math.isfinite(value) and value > 0 else None
 
     def to_result(self) -> MeasureResult:
         return MeasureResult.from_json(self.model_dump())

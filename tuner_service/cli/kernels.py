@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--records", metavar="FILE",
+                   help="xgb-transfer: measurement records (JSON lines from GET /api/v1/records, "
+                        "--save-records or AutoTVM logs) of other workloads to start from")
+    p.add_argument("--save-records", metavar="FILE",
+                   help="append every measured config to FILE as JSON lines (for --records)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tune)
 
@@ -112,7 +117,17 @@ def cmd_codegen(args: argparse.Namespace) -> int:
         kernel = lower(workload, template, config)
     except ScheduleError as e:
         return _fail(e)
-    print(format_kernel(kernel) if args.ir else str(generate_llvm_ir(kernel)))
+    if args.ir:
+        print(format_kernel(kernel))
+    elif template.target_kind == "cuda":
+        from schedule_templates.codegen.cuda_c import generate_cuda
+
+        try:
+            print(generate_cuda(kernel).source, end="")
+        except ScheduleError as e:
+            return _fail(e)
+    else:
+        print(str(generate_llvm_ir(kernel)))
     return 0
 
 
@@ -156,21 +171,42 @@ def _result_json(key: str, target: str, config: Config, result: MeasureResult, f
 def cmd_tune(args: argparse.Namespace) -> int:
     from schedule_templates.templates.base import get_template
     from schedule_templates.workloads import parse_workload
-    from tuner_service.tuners import make_tuner
+    from tuner_service.tuners import TRANSFER_TUNERS, make_tuner
+    from tuner_service.tuners.transfer import parse_records, record_json
     from tuner_service.tuning.isolated import IsolatedMeasure
     from tuner_service.tuning.local_loop import best_trial, tune
 
+    if args.records and args.tuner not in TRANSFER_TUNERS:
+        return _fail(ValueError(f"--records is used by {', '.join(sorted(TRANSFER_TUNERS))}"))
     try:
         workload = parse_workload(args.workload)
         template = get_template(workload.op, args.target)
-        tuner = make_tuner(args.tuner, workload, template.space(workload), args.seed)
-    except (ScheduleError, ValueError) as e:
+        transfer = []
+        if args.records:
+            with open(args.records) as lines:
+                transfer = parse_records(lines, template.name, args.target, template.version)
+        tuner = make_tuner(args.tuner, workload, template.space(workload), args.seed,
+                           template=template, transfer=transfer)
+        saved = open(args.save_records, "a") if args.save_records else None  # noqa: SIM115
+    except (ScheduleError, ValueError, OSError) as e:
         return _fail(e)
     measure = IsolatedMeasure(workload.key, template.name, args.target, args.threads,
                               _measure_options())
+
+    def on_trial(trial: Any) -> None:
+        progress.update(trial)
+        if saved is not None:
+            saved.write(json.dumps(record_json(workload.key, template, args.target,
+                                               trial.config, trial.result)) + "\n")
+            saved.flush()
+
     with measure, _Progress(args.trials, quiet=args.json) as progress:
-        history = tune(workload, tuner, args.trials, measure, args.batch, progress.update,
-                       initial=[template.default_config(workload).index])
+        try:
+            history = tune(workload, tuner, args.trials, measure, args.batch, on_trial,
+                           initial=[template.default_config(workload).index])
+        finally:
+            if saved is not None:
+                saved.close()
     best = best_trial(history)
     report = {
         "workload": workload.key,
