@@ -217,7 +217,7 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--target", default="llvm")
     submit.add_argument("--device-key", default=None)
     submit.add_argument("--trials-per-task", type=int, default=64)
-    submit.add_argument("--tuner", default="random")
+    submit.add_argument("--tuner", default="xgb-transfer")
     submit.add_argument("--wait", action="store_true", help="show live progress until done")
     _connection_flags(submit)
     submit.set_defaults(func=_submit)

@@ -192,7 +192,8 @@ def register(subparsers: Any) -> None:
                         help="re-tune entries not measured within DAYS days (default 7)")
     parser.add_argument("--budget", type=_at_least(1, int), default=32, metavar="N",
                         help="trials per stale workload (default 32)")
-    parser.add_argument("--tuner", default="random", help="search strategy (default: random)")
+    parser.add_argument("--tuner", default="xgb-transfer",
+                        help="search strategy (default: xgb-transfer)")
     parser.add_argument("--target", default=None, help="only entries of this target")
     parser.add_argument("--max-entries", type=_at_least(0, int), default=0, metavar="N",
                         help="tune at most N entries this run (default: all)")

@@ -291,7 +291,7 @@ def _register_up(subparsers: Any) -> None:
     up = subparsers.add_parser("up", help="one machine: server + local worker + sample model")
     up.add_argument("--trials-per-task", type=int, default=16)
     up.add_argument("--model", default="resnet18", help="a sample model name")
-    up.add_argument("--tuner", default="random")
+    up.add_argument("--tuner", default="xgb-transfer")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--threads", type=int, default=None,
                     help="threads per measurement (default: all cores)")

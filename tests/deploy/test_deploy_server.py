@@ -1,0 +1,77 @@
+"""``tuner build --server``: configs come from a live server's shared tuning log over HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_deploy_library import CONV_KEY, tuned_book, two_convs
+
+from tuner_service.settings import Settings
+
+
+@pytest.fixture
+def live_server(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """uvicorn on a loopback port over a migrated SQLite file, and a token per role."""
+    import uvicorn
+
+    from tuner_service import auth
+    from tuner_service.api import create_app
+    from tuner_service.db.engine import Database
+    from tuner_service.db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    upgrade(url)
+    settings = Settings(database_url=url, data_dir=tmp_path / "data")
+    db = Database(settings.resolved_database_url)
+    try:
+        with db.session() as session:
+            tokens = {role: auth.create_token(session, role, f"test-{role}")[1]
+                      for role in auth.ROLES}
+    finally:
+        db.dispose()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", tokens
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_build_uses_the_servers_tuning_log(live_server: tuple[str, dict[str, str]],
+                                           tmp_path: Path) -> None:
+    from tuner_service.cli.main import main
+
+    url, tokens = live_server
+    book, index = tuned_book()
+    (entry,) = book.entries()
+    record = {"workload": entry.workload, "target": "llvm", "template": entry.template,
+              "template_version": entry.template_version, "config": entry.config,
+              "result": {"costs": [2e-5, 2.2e-5], "error_kind": 0}, "device_key": "test"}
+    answer = httpx.post(f"{url}/api/v1/records", content=json.dumps(record) + "\n",
+                        headers={"Authorization": f"Bearer {tokens['user']}"})
+    assert answer.status_code == 200, answer.text
+    model = tmp_path / "model.onnx"
+    model.write_bytes(two_convs().SerializeToString())
+    out = tmp_path / "lib"
+    assert main(["build", str(model), "--server", url, "--token", tokens["user"],
+                 "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    (kernel,) = manifest["kernels"]
+    assert kernel["workload"].startswith(CONV_KEY)
+    assert kernel["config_source"] == "tuned" and kernel["config"]["index"] == index
+    assert kernel["tuned_latency_s"] == pytest.approx(2.1e-5)

@@ -1,0 +1,196 @@
+"""``tuner build`` and ``tuner run``: compile a model's tuned kernels into a shared library,
+then run the model with it (kernels for the tunable layers, numpy for the rest).
+
+Thread count: kernels take it as an argument and run their parallel loops on libgomp's pool.
+``tuner build --threads T`` records the count the configs were tuned for; ``tuner run`` uses it
+unless ``--threads`` says otherwise, and sets ``OMP_NUM_THREADS`` to the same value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    build = subparsers.add_parser(
+        "build", help="compile a model's layers with their best configs into a library",
+        description="Compile every tunable layer of MODEL.onnx with its best config (the "
+        "template default where none is known) into OUT/libmodel.so plus OUT/manifest.json.")
+    build.add_argument("model", type=Path, metavar="MODEL.onnx")
+    source = build.add_mutually_exclusive_group()
+    source.add_argument("--configs", type=Path, metavar="FILE",
+                        help="tuned configs: `tuner fetch` JSON, a tuning-log list, or records "
+                        "/ AutoTVM JSON lines")
+    source.add_argument("--server", help="read the shared tuning log of this server")
+    build.add_argument("--token", help="bearer token for --server (default: TUNER_TOKEN or "
+                       "the one `tuner up` saved)")
+    build.add_argument("--target", default="llvm")
+    build.add_argument("--threads", type=int, default=1,
+                       help="thread count the configs were tuned for (tuner run's default)")
+    build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
+    build.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
+    build.set_defaults(func=run_build)
+
+    run = subparsers.add_parser(
+        "run", help="run a model with a kernel library and report its latency",
+        description="Execute MODEL.onnx with the kernels of a `tuner build` library on random "
+        "inputs (fixed seed) and report latency over N iterations.")
+    run.add_argument("model", type=Path, metavar="MODEL.onnx")
+    run.add_argument("--library", type=Path, required=True, metavar="OUT")
+    run.add_argument("--iterations", type=int, default=20)
+    run.add_argument("--warmup", type=int, default=3)
+    run.add_argument("--threads", type=int, default=None,
+                     help="kernel threads (default: the count recorded at build time)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--check", action="store_true",
+                     help="compare the outputs with onnxruntime's (max abs / relative error)")
+    run.add_argument("--json", action="store_true")
+    run.set_defaults(func=run_run)
+
+
+def _read_model(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        print(f"error: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        return None
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from tuner_service.deploy.errors import DeployError
+    from tuner_service.deploy.library import build_library
+    from tuner_service.frontend.errors import FrontendError
+
+    data = _read_model(args.model)
+    if data is None:
+        return EXIT_BAD_INPUT
+    try:
+        book = _config_book(args)
+        manifest = build_library(data, book, args.output, args.target, args.threads)
+    except (DeployError, FrontendError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    summary = build_summary(manifest, args.output)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"built {summary['library']}: {summary['layers']} layers, {summary['kernels']} "
+              f"kernels ({summary['tuned']} tuned, {summary['default']} default configs)")
+    return 0
+
+
+def _config_book(args: argparse.Namespace) -> Any:
+    from tuner_service.deploy.configs import ConfigBook, entries_from_json, load_configs_file
+
+    if args.configs is not None:
+        return load_configs_file(args.configs, args.target)
+    if args.server is None:
+        logger.warning("no --configs or --server: every layer uses its template's default")
+        return ConfigBook(target=args.target)
+    from tuner_service.cli.client import ClientError, ServiceClient, resolve_server
+    from tuner_service.deploy.errors import ConfigSourceError
+
+    server, token = resolve_server(args)
+    client = ServiceClient(server, token)
+    try:
+        rows = client.request("GET", "/tuning-log", params={"limit": 100_000})
+    except ClientError as e:
+        raise ConfigSourceError(str(e)) from e
+    finally:
+        client.close()
+    return ConfigBook(entries_from_json(rows, args.server), args.target)
+
+
+def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
+    kernels = manifest["kernels"]
+    return {
+        "library": str(out / manifest["library"]),
+        "manifest": str(out / "manifest.json"),
+        "layers": len(manifest["layers"]),
+        "kernels": len(kernels),
+        "tuned": sum(k["config_source"] == "tuned" for k in kernels),
+        "default": sum(k["config_source"] == "default" for k in kernels),
+        "threads": manifest["threads"],
+    }
+
+
+def run_run(args: argparse.Namespace) -> int:
+    data = _read_model(args.model)
+    if data is None:
+        return EXIT_BAD_INPUT
+    from tuner_service.deploy.errors import DeployError
+    from tuner_service.frontend.errors import FrontendError
+
+    try:
+        report = _execute(data, args)
+    except (DeployError, FrontendError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    latency = report["latency_ms"]
+    print(f"{args.model.name}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
+          f"over {report['iterations']} runs, {report['threads']} thread(s), "
+          f"{report['kernel_layers']} kernel layers + {report['numpy_steps']} numpy steps")
+    if "check" in report:
+        print(f"vs onnxruntime: max abs error {report['check']['max_abs_error']:.3g}, "
+              f"max relative error {report['check']['max_rel_error']:.3g}")
+    return 0
+
+
+def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
+    from tuner_service.deploy.executor import ModelRunner
+    from tuner_service.deploy.loader import read_manifest
+    from tuner_service.deploy.timing import time_runs
+
+    threads = args.threads or int(read_manifest(args.library).get("threads", 1))
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # before libgomp is loaded
+    from tuner_service.deploy.loader import KernelLibrary
+
+    runner = ModelRunner(data, KernelLibrary(args.library), threads)
+    feeds = runner.random_feeds(args.seed)
+    outputs = runner.run(feeds)
+    stats = time_runs(lambda: runner.run(feeds), args.iterations, args.warmup)
+    report: dict[str, Any] = {
+        "model": str(args.model), "library": str(args.library), "threads": threads,
+        "iterations": stats["iterations"],
+        "latency_ms": {k[:-2]: v * 1e3 for k, v in stats.items() if k.endswith("_s")},
+        "kernel_layers": len(runner.kernel_steps),
+        "numpy_steps": len(runner.steps) - len(runner.kernel_steps),
+        "outputs": {name: list(value.shape) for name, value in outputs.items()},
+    }
+    if args.check:
+        report["check"] = compare_with_onnxruntime(data, feeds, outputs, threads)
+    return report
+
+
+def compare_with_onnxruntime(data: bytes, feeds: dict[str, Any], outputs: dict[str, Any],
+                             threads: int) -> dict[str, float]:
+    import numpy as np
+
+    from tuner_service.deploy.errors import DeployError
+
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise DeployError("--check compares with onnxruntime: pip install onnxruntime") from e
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds),
+                        strict=True))
+    abs_err = max(float(np.max(np.abs(outputs[n] - expected[n]))) for n in expected)
+    scale = max(float(np.max(np.abs(expected[n]))) for n in expected) or 1.0
+    return {"max_abs_error": abs_err, "max_rel_error": abs_err / scale}

@@ -1,0 +1,166 @@
+"""Best tuned config per workload, read from a file or from the server's shared tuning log.
+
+Accepted inputs (whatever the service hands out):
+- ``tuner fetch JOB`` JSON: ``{"tasks": [{"workload", "template", "template_version",
+  "config", "best_latency_s"}, ...]}``;
+- the shared tuning log (``GET /api/v1/tuning-log``): a list of ``{"workload", "target",
+  "template", "template_version", "config", "mean_cost"}``;
+- JSON lines: measurement records (``GET /api/v1/records``) or AutoTVM-style lines
+  (``tuner fetch --format autotvm``); the fastest good result per workload wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from schedule_templates.errors import ScheduleError
+from schedule_templates.space import Config
+from schedule_templates.templates.base import Template, target_kind
+from schedule_templates.workloads import Workload, parse_workload
+from tuner_service.deploy.errors import ConfigSourceError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedEntry:
+    workload: str  # canonical key
+    template: str
+    template_version: int | None  # None: the source did not say
+    config: Any  # config JSON as the space reads it
+    mean_cost: float  # seconds; inf when unknown
+    target: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The config a layer is built with and where it came from."""
+
+    config: Config
+    source: str  # "tuned" or "default"
+    tuned_key: str | None  # the workload key whose record was used (may be a base key)
+    mean_cost: float | None
+
+
+class ConfigBook:
+    """Tuned configs by canonical workload key, best (lowest cost) first."""
+
+    def __init__(self, entries: Iterable[TunedEntry] = (), target: str = "llvm") -> None:
+        self.target = target
+        self._best: dict[str, TunedEntry] = {}
+        for entry in entries:
+            self.add(entry)
+
+    def __len__(self) -> int:
+        return len(self._best)
+
+    def add(self, entry: TunedEntry) -> None:
+        if entry.target and target_kind(entry.target) != target_kind(self.target):
+            return
+        known = self._best.get(entry.workload)
+        if known is None or entry.mean_cost < known.mean_cost:
+            self._best[entry.workload] = entry
+
+    def entries(self) -> list[TunedEntry]:
+        return list(self._best.values())
+
+    def choose(self, workload: Workload, template: Template, fallback_keys: Iterable[str] = ()
+               ) -> Choice | None:
+        """The tuned config for ``workload`` (or for the first of ``fallback_keys`` that has
+        one, e.g. the unfused base workload, whose space is the same), else None."""
+        for key in (workload.key, *fallback_keys):
+            entry = self._best.get(key)
+            if entry is None:
+                continue
+            if entry.template != template.name or (
+                entry.template_version is not None and entry.template_version != template.version
+            ):
+                logger.warning("ignoring the tuned config of %s: it is for %s v%s, the build "
+                               "uses %s v%s", key, entry.template, entry.template_version,
+                               template.name, template.version)
+                continue
+            try:
+                config = template.space(workload).from_json(entry.config)
+                template.check(workload, config)
+            except ScheduleError as e:
+                logger.warning("ignoring the tuned config of %s: %s", key, e)
+                continue
+            cost = entry.mean_cost if math.isfinite(entry.mean_cost) else None
+            return Choice(config, "tuned", key, cost)
+        return None
+
+
+def load_configs_file(path: Path, target: str = "llvm") -> ConfigBook:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigSourceError(f"cannot read configs file {path}: {e}") from e
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if data is None or (isinstance(data, dict) and "tasks" not in data):
+        lines = [line for line in text.splitlines() if line.strip()]
+        try:
+            records = [json.loads(line) for line in lines]
+        except json.JSONDecodeError as e:
+            raise ConfigSourceError(f"{path} is neither JSON nor JSON lines: {e}") from e
+        return ConfigBook(_from_lines(records, path), target)
+    return ConfigBook(entries_from_json(data, str(path)), target)
+
+
+def entries_from_json(data: Any, where: str) -> list[TunedEntry]:
+    """Entries of a ``tuner fetch`` document or a tuning-log list."""
+    items = data.get("tasks") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ConfigSourceError(f"{where}: expected a list of configs or an object with 'tasks'")
+    out = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise ConfigSourceError(f"{where}: every entry must be an object")
+        if item.get("config") is None:
+            continue  # a task with nothing measured yet
+        cost = item.get("mean_cost", item.get("best_latency_s"))
+        out.append(_entry(item["workload"], item.get("template"), item.get("template_version"),
+                          item["config"], cost, str(item.get("target") or ""), where))
+    return out
+
+
+def _from_lines(records: list[Any], where: Path) -> list[TunedEntry]:
+    out = []
+    for record in records:
+        if not isinstance(record, Mapping):
+            raise ConfigSourceError(f"{where}: every line must be a JSON object")
+        if "input" in record:  # AutoTVM style: [target, template, [key], {}]
+            target, template, args = record["input"][0], record["input"][1], record["input"][2]
+            costs, error = record["result"][0], record["result"][1]
+            if error == 0 and costs:
+                out.append(_entry(args[0], template, None, record["config"],
+                                  sum(costs) / len(costs), str(target), str(where)))
+            continue
+        result = record.get("result") or {}
+        costs = result.get("costs") or []
+        if result.get("error_kind", 0) == 0 and costs:
+            out.append(_entry(record["workload"], record.get("template"),
+                              record.get("template_version"), record["config"],
+                              sum(costs) / len(costs), str(record.get("target") or ""),
+                              str(where)))
+    return out
+
+
+def _entry(key: Any, template: Any, version: Any, config: Any, cost: Any, target: str,
+           where: str) -> TunedEntry:
+    try:
+        canonical = parse_workload(str(key)).key
+    except ScheduleError as e:
+        raise ConfigSourceError(f"{where}: bad workload key {key!r}: {e}") from e
+    if not template:
+        raise ConfigSourceError(f"{where}: the entry for {canonical} names no template")
+    return TunedEntry(canonical, str(template), None if version is None else int(version),
+                      config, float(cost) if cost is not None else math.inf, target)

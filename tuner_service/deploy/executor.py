@@ -1,0 +1,211 @@
+"""Run an ONNX model with a kernel library: tuned kernels for the layers, numpy for the rest.
+
+Loading does all the work that does not depend on the input: it re-plans the model and checks
+the plan against the library's manifest, folds constant subgraphs (shapes included), packs
+every constant weight once with its template's ``pack``, and allocates each kernel's output and
+scratch buffers. A run then walks the graph in order; kernel outputs land in those fixed
+buffers, so a kernel that feeds another passes a pointer and nothing is copied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+
+from tuner_service.deploy.errors import DeployError, LibraryError, UnsupportedOperatorError
+from tuner_service.deploy.kernel_step import KernelStep, bind_kernel
+from tuner_service.deploy.library import layer_json
+from tuner_service.deploy.loader import KernelLibrary
+from tuner_service.deploy.node import NodeInfo, OpFn
+from tuner_service.deploy.ops_nn import NN_OPS
+from tuner_service.deploy.ops_tensor import TENSOR_OPS
+from tuner_service.frontend.fusion import Layer, node_name, plan_layers
+from tuner_service.frontend.graph import index_graph
+from tuner_service.frontend.loading import load_model
+
+logger = logging.getLogger(__name__)
+
+OPS: dict[str, OpFn] = {**TENSOR_OPS, **NN_OPS}
+# Never folded at load time even when their inputs are constant.
+_NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                           "RandomUniformLike", "Multinomial", "Bernoulli"})
+
+
+class NumpyStep:
+    def __init__(self, fn: OpFn, info: NodeInfo, inputs: list[str], outputs: list[str]) -> None:
+        self.fn, self.info, self.inputs, self.outputs = fn, info, inputs, outputs
+
+    def __call__(self, env: dict[str, np.ndarray]) -> None:
+        args = [env[name] if name else None for name in self.inputs]
+        results = self.fn(args, self.info)
+        for name, value in zip(self.outputs, results, strict=False):
+            if name:
+                env[name] = value
+
+
+class ModelRunner:
+    """``run(feeds) -> outputs`` for one model bound to one kernel library."""
+
+    def __init__(self, model: bytes | onnx.ModelProto, library: KernelLibrary,
+                 threads: int | None = None) -> None:
+        self.library = library
+        self.threads = max(1, threads or library.threads)
+        proto = load_model(model)
+        self._opset = _default_opset(proto)
+        self._shapes = _static_shapes(proto)
+        layers = plan_layers(proto)
+        _check_plan(layers, library.manifest)
+        self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+        by_last = {_last_index(layer, proto.graph): layer for layer in layers}
+        covered = {name for layer in layers for name in layer.nodes}
+        self.steps: list[Any] = []
+        self.kernel_steps: list[KernelStep] = []
+        for index, node in enumerate(proto.graph.node):
+            name = node_name(node, index)
+            if index in by_last:
+                self._add_layer(by_last[index], library)
+            elif name not in covered:
+                self._add_node(node, name)
+        self.inputs = {v.name: self._shapes.get(v.name) for v in proto.graph.input
+                       if v.name not in self.constants}
+        self.outputs = [v.name for v in proto.graph.output]
+        _check_dataflow(self.steps, set(self.inputs) | set(self.constants), self.outputs)
+        # raw weights the kernels packed are not needed any more: keep what steps still read
+        read = {name for step in self.steps for name in step.inputs} | set(self.outputs)
+        self.constants = {k: v for k, v in self.constants.items() if k in read}
+
+    def _add_layer(self, layer: Layer, library: KernelLibrary) -> None:
+        symbol = _layer_symbol(layer, library.manifest)
+        step = bind_kernel(library.kernels[symbol], layer, self.constants,
+                           self._shapes.get(layer.output), self.threads)
+        self.steps.append(step)
+        self.kernel_steps.append(step)
+
+    def _add_node(self, node: onnx.NodeProto, name: str) -> None:
+        info = NodeInfo.from_proto(node, name, self._opset)
+        fn = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if fn is None:
+            domain = f" from domain {node.domain!r}" if node.domain not in ("", "ai.onnx") else ""
+            raise UnsupportedOperatorError(
+                node.op_type, name, f"no numpy implementation{domain}; supported: "
+                + ", ".join(sorted(OPS)))
+        step = NumpyStep(fn, info, list(node.input), list(node.output))
+        if node.op_type == "Shape" and node.input[0] in self._shapes:
+            # shape inference fixed every dimension: the Shape is a constant
+            probe = {node.input[0]: np.broadcast_to(np.float32(0), self._shapes[node.input[0]])}
+            step(probe)
+            self.constants[node.output[0]] = probe[node.output[0]]
+        elif node.op_type not in _NOT_FOLDABLE and all(
+                not n or n in self.constants for n in node.input):
+            with np.errstate(all="ignore"):
+                step(self.constants)
+        else:
+            self.steps.append(step)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        env: dict[str, np.ndarray] = dict(self.constants)
+        for name, shape in self.inputs.items():
+            if name not in feeds:
+                raise DeployError(f"missing model input {name!r}")
+            value = np.ascontiguousarray(feeds[name], dtype=np.float32)
+            if shape is not None and value.shape != shape:
+                raise DeployError(f"input {name!r} has shape {value.shape}, the model expects "
+                                  f"{shape}")
+            env[name] = value
+        for step in self.steps:
+            step(env)
+        return {name: np.array(env[name], copy=True) for name in self.outputs}
+
+    def profile(self, feeds: Mapping[str, np.ndarray], iterations: int = 10
+                ) -> list[dict[str, Any]]:
+        """Median seconds of every step over ``iterations`` runs, in graph order."""
+        env: dict[str, np.ndarray] = {**self.constants, **feeds}
+        samples: list[list[float]] = [[] for _ in self.steps]
+        for _ in range(max(1, iterations)):
+            for i, step in enumerate(self.steps):
+                start = time.perf_counter()
+                step(env)
+                samples[i].append(time.perf_counter() - start)
+        return [{"step": _step_name(step), "kind": "kernel" if step in self.kernel_steps
+                 else "numpy", "median_s": float(np.median(s))}
+                for step, s in zip(self.steps, samples, strict=True)]
+
+    def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Standard-normal inputs of the model's static shapes (benchmarks, checks)."""
+        missing = [n for n, s in self.inputs.items() if s is None]
+        if missing:
+            raise DeployError(f"inputs {missing} have dynamic shapes; pass arrays explicitly")
+        rng = np.random.default_rng(seed)
+        return {n: rng.standard_normal(s).astype(np.float32)
+                for n, s in self.inputs.items() if s is not None}
+
+
+def _step_name(step: Any) -> str:
+    if isinstance(step, KernelStep):
+        return f"{step.layer} [{step.kernel.workload.key}]"
+    return f"{step.info.name} ({step.info.op_type})"
+
+
+def _default_opset(proto: onnx.ModelProto) -> int:
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 1
+
+
+def _static_shapes(proto: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for name, info in index_graph(proto.graph).tensors.items():
+        if info.dims is not None and all(isinstance(d, int) and d >= 0 for d in info.dims):
+            out[name] = tuple(int(d) for d in info.dims if d is not None)
+    return out
+
+
+def _last_index(layer: Layer, graph: onnx.GraphProto) -> int:
+    names = set(layer.nodes)
+    found = [i for i, n in enumerate(graph.node) if node_name(n, i) in names]
+    if len(found) != len(names):
+        raise DeployError(f"layer {layer.nodes[0]} names nodes that are not in the graph")
+    return max(found)
+
+
+def _check_plan(layers: Sequence[Layer], manifest: dict[str, Any]) -> None:
+    built = manifest.get("layers", [])
+    if len(built) != len(layers):
+        raise LibraryError(f"the library was built for a model with {len(built)} kernel layers, "
+                           f"this model has {len(layers)}; rebuild it with tuner build")
+    for entry, layer in zip(built, layers, strict=True):
+        mine = layer_json(layer, entry["kernel"])
+        if mine != entry:
+            raise LibraryError(
+                f"layer {layer.nodes[0]} ({layer.workload.key}) does not match the library's "
+                f"layer {entry['name']} ({entry['workload']}): the library was built for "
+                "another model; rebuild it with tuner build")
+
+
+def _layer_symbol(layer: Layer, manifest: dict[str, Any]) -> str:
+    for entry in manifest["layers"]:
+        if entry["name"] == layer.nodes[0]:
+            return str(entry["kernel"])
+    raise LibraryError(f"the library has no kernel for layer {layer.nodes[0]}")
+
+
+def _check_dataflow(steps: Sequence[Any], available: set[str], outputs: Sequence[str]) -> None:
+    """Every tensor a step reads is produced before it (a planner bug shows up here, at load)."""
+    known = set(available)
+    for step in steps:
+        for name in step.inputs:
+            if name and name not in known:
+                where = getattr(step, "info", None) or getattr(step, "layer", None)
+                raise DeployError(f"tensor {name!r} is read before it is produced ({where})")
+        known.update(n for n in step.outputs if n)
+    missing = [n for n in outputs if n not in known]
+    if missing:
+        raise DeployError(f"model outputs {missing} are never produced")
+

@@ -1,0 +1,107 @@
+"""Open a kernel library built by ``tuner build``: read its manifest, check it, load the .so.
+
+The checks turn what would be a crash or a silently wrong answer into a message: a manifest of
+another format version, a library compiled for CPU features this machine lacks, a template that
+changed since the build (its configs would mean something else now).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from schedule_templates.errors import ScheduleError
+from schedule_templates.space import Config
+from schedule_templates.templates.base import Template, template_by_name
+from schedule_templates.workloads import Workload, parse_workload
+from tuner_service.deploy.errors import LibraryError
+from tuner_service.deploy.library import LIBRARY_FILE, MANIFEST_FILE, MANIFEST_VERSION
+
+logger = logging.getLogger(__name__)
+
+# CPU features whose absence makes generated code fault (illegal instruction) rather than slow.
+_CRITICAL_FEATURES = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma", "avx")
+
+
+@dataclasses.dataclass
+class LoadedKernel:
+    symbol: str
+    workload: Workload
+    template: Template
+    config: Config
+    source: str
+    args: list[dict[str, Any]]
+    function: Any  # the ctypes function: (void* args..., int64 nthreads) -> void
+
+
+class KernelLibrary:
+    """The manifest and the callable kernels of one build directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.manifest = read_manifest(directory)
+        check_host(self.manifest)
+        path = directory / str(self.manifest.get("library", LIBRARY_FILE))
+        try:
+            self._lib = ctypes.CDLL(str(path.resolve()))
+        except OSError as e:
+            raise LibraryError(f"cannot load {path}: {e}") from e
+        self.kernels = {k["symbol"]: self._load_kernel(k) for k in self.manifest["kernels"]}
+
+    @property
+    def threads(self) -> int:
+        return int(self.manifest.get("threads", 1))
+
+    def _load_kernel(self, entry: dict[str, Any]) -> LoadedKernel:
+        symbol = entry["symbol"]
+        try:
+            template = template_by_name(entry["template"])
+            workload = parse_workload(entry["workload"])
+            if template.version != entry["template_version"]:
+                raise LibraryError(
+                    f"kernel {symbol} was built with {template.name} v{entry['template_version']}"
+                    f", this installation has v{template.version}; rebuild the library")
+            config = template.space(workload).from_json(entry["config"])
+        except ScheduleError as e:
+            raise LibraryError(f"kernel {symbol} in the manifest is invalid: {e}") from e
+        try:
+            function = getattr(self._lib, symbol)
+        except AttributeError:
+            raise LibraryError(f"{LIBRARY_FILE} has no symbol {symbol}") from None
+        function.argtypes = [ctypes.c_void_p] * len(entry["args"]) + [ctypes.c_int64]
+        function.restype = None
+        return LoadedKernel(symbol, workload, template, config, entry["config_source"],
+                            entry["args"], function)
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST_FILE
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LibraryError(f"{directory} is not a kernel library: {MANIFEST_FILE} is missing "
+                           "(build one with `tuner build MODEL.onnx -o DIR`)") from None
+    except (OSError, ValueError) as e:
+        raise LibraryError(f"cannot read {path}: {e}") from e
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if version != MANIFEST_VERSION:
+        raise LibraryError(f"{path} has format version {version!r}; this tuner reads "
+                           f"{MANIFEST_VERSION}: rebuild the library")
+    return manifest
+
+
+def check_host(manifest: dict[str, Any]) -> None:
+    """Refuse a library compiled for instructions this CPU does not have."""
+    from schedule_templates.codegen.llvm_jit import host_features
+
+    built = set(str(manifest.get("host", {}).get("features", "")).split(","))
+    here = set(host_features().split(","))
+    missing = [f for f in _CRITICAL_FEATURES if f"+{f}" in built and f"+{f}" not in here]
+    if missing:
+        cpu = manifest.get("host", {}).get("cpu", "another CPU")
+        raise LibraryError(f"the library was compiled for {cpu} and uses {', '.join(missing)}, "
+                           "which this CPU lacks; rebuild it on this machine")
