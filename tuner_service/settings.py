@@ -38,8 +38,16 @@ class Settings(BaseSettings):
 
     # Job driver
     batch_size: int = Field(default=8, ge=1)  # configs asked from a task's tuner at once
-    queue_depth: int = Field(default=16, ge=1)  # measurements in flight per job
+    queue_depth: int = Field(default=16, ge=1)  # measurements in flight per job, at least
+    #: more in flight per live worker able to serve a job: its depth is
+    #: max(queue_depth, queue_per_worker x live workers), so added workers do not idle
+    queue_per_worker: int = Field(default=2, ge=0)
     driver_interval_s: float = Field(default=0.5, gt=0)
+    #: how a job shares its slots among tasks: by expected end-to-end latency saved per trial
+    #: ("gradient") or in turn ("round-robin"); see tuner_service/jobs/scheduler.py
+    task_scheduler: Literal["gradient", "round-robin"] = "gradient"
+    #: a task stops once its best has not improved by 1% for this many trials (0: never)
+    early_stop: int = Field(default=0, ge=0)
     driver_lease_s: float = Field(default=30.0, gt=0)
     run_driver: bool = True
 
@@ -51,7 +59,13 @@ class Settings(BaseSettings):
     read_requires_token: bool = False
     #: an admin token accepted from the environment (deployments); stored hashed at start
     bootstrap_token: SecretStr | None = None
+    #: a worker-role token accepted from the environment, so deployed workers hold no admin token
+    bootstrap_worker_token: SecretStr | None = None
     check_schema: bool = True
+
+    # Logging: text or JSON lines. The CLI reads TUNER_LOG_FORMAT itself before settings exist
+    # (tuner_service/logging_setup.py); the field is here so `tuner serve` validates it.
+    log_format: Literal["text", "json"] = "text"
 
     # Defaults of the run protocol sent to workers
     measure_number: int = Field(default=1, ge=1)
@@ -69,14 +83,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> Settings:
-        if self.environment == "development" or self.bootstrap_token is None:
+        if self.environment == "development":
             return self
-        secret = self.bootstrap_token.get_secret_value()
-        if secret.lower() in _DEFAULT_SECRETS or len(secret) < 24:
-            raise ValueError(
-                "TUNER_BOOTSTRAP_TOKEN is a default or short secret; outside development "
-                "set a random value of at least 24 characters (or leave it unset)"
-            )
+        for name in ("bootstrap_token", "bootstrap_worker_token"):
+            value: SecretStr | None = getattr(self, name)
+            secret = value.get_secret_value() if value is not None else None
+            if secret is not None and (secret.lower() in _DEFAULT_SECRETS or len(secret) < 24):
+                raise ValueError(
+                    f"TUNER_{name.upper()} is a default or short secret; outside development "
+                    "set a random value of at least 24 characters (or leave it unset)"
+                )
         return self
 
     @property

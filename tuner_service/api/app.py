@@ -18,7 +18,9 @@ from starlette.concurrency import run_in_threadpool
 
 from tuner_service import auth
 from tuner_service.api.errors import install_error_handlers
-from tuner_service.api.routes import jobs, models, shared, workers
+from tuner_service.api.limits import FRAMING_SLACK, BodyLimit
+from tuner_service.api.metrics import install_metrics
+from tuner_service.api.routes import jobs, models, refresh, shared, workers
 from tuner_service.db.engine import Database
 from tuner_service.db.migrate import check_schema
 from tuner_service.jobs.driver import JobDriver
@@ -41,7 +43,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.db = Database(settings.resolved_database_url)
     app.state.driver = None
     install_error_handlers(app)
-    for router in (models.router, jobs.router, workers.router, shared.router):
+    app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FRAMING_SLACK)
+    install_metrics(app)
+    for router in (models.router, jobs.router, workers.router, shared.router, refresh.router):
         app.include_router(router, prefix=API_PREFIX)
     _mount_dashboard(app)
     return app
@@ -53,8 +57,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     db: Database = app.state.db
     if settings.check_schema:
         await run_in_threadpool(check_schema, db.url)
-    if settings.bootstrap_token is not None:
-        await run_in_threadpool(_bootstrap_token, db, settings.bootstrap_token.get_secret_value())
+    for secret, role in ((settings.bootstrap_token, "admin"),
+                         (settings.bootstrap_worker_token, "worker")):
+        if secret is not None:
+            await run_in_threadpool(_bootstrap_token, db, secret.get_secret_value(), role)
     if settings.run_driver:
         app.state.driver = JobDriver(db, settings)
         app.state.driver.start()
@@ -67,9 +73,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         db.dispose()
 
 
-def _bootstrap_token(db: Database, secret: str) -> None:
+def _bootstrap_token(db: Database, secret: str, role: str) -> None:
     with db.session() as session:
-        auth.ensure_token(session, secret, "admin", "bootstrap")
+        auth.ensure_token(session, secret, role, f"bootstrap ({role})")
 
 
 def _mount_dashboard(app: FastAPI) -> None:

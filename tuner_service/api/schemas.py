@@ -58,7 +58,7 @@ class JobCreate(Body):
     target: str = Field(default="llvm", min_length=1, max_length=255)
     device_key: str | None = Field(default=None, max_length=255)
     trials_per_task: int = Field(default=64, ge=1, le=1_000_000)
-    tuner: str = Field(default="random", max_length=64)
+    tuner: str = Field(default="xgb-transfer", max_length=64)
     threads: int | None = Field(default=None, ge=1, le=1024)
     options: MeasureOptionsIn = Field(default_factory=MeasureOptionsIn)
 

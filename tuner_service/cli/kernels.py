@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="tune one workload locally, in this process")
     _workload_args(p)
     p.add_argument("--trials", type=int, required=True)
-    p.add_argument("--tuner", default="random")
+    p.add_argument("--tuner", default="xgb")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=8)

@@ -18,6 +18,8 @@ import importlib
 import logging
 import sys
 
+from tuner_service import logging_setup
+
 # Command-group modules, in help order.
 _GROUPS = (
     "tuner_service.cli.kernels",  # space, codegen, measure, tune
@@ -25,12 +27,16 @@ _GROUPS = (
     "tuner_service.cli.server",  # serve, db, token, up
     "tuner_service.cli.client",  # submit, status, fetch
     "tuner_service.cli.worker",  # worker
+    "tuner_service.cli.refresh",  # refresh
+    "tuner_service.cli.deploy",  # build, run
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="text or JSON lines (default: TUNER_LOG_FORMAT, else text)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _GROUPS:
         try:
@@ -46,10 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        args.log_format = logging_setup.resolve_format(args.log_format)
+    except ValueError as e:
+        parser.error(str(e))
+    logging_setup.configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     try:
         code = args.func(args)
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.errors import DatabaseError, TunerServiceError
 from tuner_service.db.models import Job
-from tuner_service.jobs.queue import requeue_expired
+from tuner_service.jobs.queue import live_workers, requeue_expired
 from tuner_service.jobs.run import JobRun, Observed
 from tuner_service.jobs.scheduler import make_scheduler
 from tuner_service.settings import Settings
@@ -104,11 +104,11 @@ class JobDriver:
     def _drive(self, job_id: int) -> None:
         """Read results (one transaction), learn and propose (none), record (another)."""
         try:
-            run, observed = self._observe(job_id)
+            run, observed, depth = self._observe(job_id)
             if run is None:
                 return
             run.learn(observed)
-            proposals = run.propose(self.settings.queue_depth, self.settings.batch_size)
+            proposals = run.propose(depth, self.settings.batch_size)
             with self.db.session() as session:
                 if self._locked_job(session, job_id) is None:
                     return
@@ -125,16 +125,26 @@ class JobDriver:
             logger.exception("job %d: driver bug", job_id)
             self._fail(job_id, f"internal error: {type(e).__name__}: {e}")
 
-    def _observe(self, job_id: int) -> tuple[JobRun | None, Observed]:
+    def _observe(self, job_id: int) -> tuple[JobRun | None, Observed, int]:
+        """The job's run with its new results, and how many candidates it may have in flight."""
         with self.db.session() as session:
             job = self._locked_job(session, job_id)
             if job is None:
-                return None, []
+                return None, [], 0
             run = self._runs.get(job_id)
             if run is None:
-                run = JobRun.rebuild(session, job, make_scheduler())
+                scheduler = make_scheduler(self.settings.task_scheduler,
+                                           self.settings.early_stop, seed=job_id)
+                run = JobRun.rebuild(session, job, scheduler)
                 self._runs[job_id] = run
-            return run, run.observe(session)
+            return run, run.observe(session), self._queue_depth(session, job)
+
+    def _queue_depth(self, session: Session, job: Job) -> int:
+        depth, per_worker = self.settings.queue_depth, self.settings.queue_per_worker
+        if not per_worker:
+            return depth
+        live = live_workers(session, job.target, job.device_key, self.settings.lease_s)
+        return max(depth, per_worker * live)
 
     def _locked_job(self, session: Session, job_id: int) -> Job | None:
         """The job if this driver still holds it. The row lock orders a driver write with a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -20,11 +21,12 @@ from schedule_templates.records import MeasureResult
 from schedule_templates.space import ConfigSpace
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
-from tuner_service.db.models import Job, JobTask, Measurement, Task
+from tuner_service.db.models import Job, JobTask, Measurement, Task, Worker
 from tuner_service.jobs.results import measurement_result
-from tuner_service.jobs.scheduler import TaskLoad, TaskScheduler
+from tuner_service.jobs.scheduler import TaskLoad, TaskScheduler, best_curve
 from tuner_service.jobs.templates import template_named
-from tuner_service.tuners import Tuner, make_tuner
+from tuner_service.jobs.transfer import transfer_records
+from tuner_service.tuners import TRANSFER_TUNERS, Tuner, make_tuner
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +45,17 @@ class TaskRun:
     pending: set[int] = dataclasses.field(default_factory=set)
     finished: bool = False
     exhausted: bool = False
+    stalled: bool = False  # stopped early: no gain for the scheduler's window
+    weight: float = 1.0
+    flops: float = 0.0
+    #: best latency after each measured trial (inf until one succeeded)
+    curve: list[float] = dataclasses.field(default_factory=list)
 
     def load(self) -> TaskLoad:
-        if self.finished or self.exhausted:
-            return TaskLoad(remaining=0, in_flight=len(self.pending))
-        return TaskLoad(max(0, self.budget - self.done - len(self.pending)), len(self.pending))
+        stopped = self.finished or self.exhausted or self.stalled
+        remaining = 0 if stopped else max(0, self.budget - self.done - len(self.pending))
+        return TaskLoad(remaining, len(self.pending), self.weight, self.flops,
+                        tuple(self.curve), self.template.name)
 
 
 #: (task, config indices, their results) to tell a task's tuner
@@ -67,13 +75,15 @@ class JobRun:
     def rebuild(cls, session: Session, job: Job, scheduler: TaskScheduler) -> JobRun:
         """Recreate every task's tuner by replaying its recorded measurements."""
         rows = session.execute(
-            select(JobTask, Task.workload_key).join(Task, Task.id == JobTask.task_id)
+            select(JobTask, Task.workload_key, Task.weight, Task.flops)
+            .join(Task, Task.id == JobTask.task_id)
             .where(JobTask.job_id == job.id, JobTask.template.is_not(None))
             .order_by(JobTask.id)
         ).all()
         run = cls(job, [], scheduler)
-        for jt, key in rows:
+        for jt, key, weight, flops in rows:
             task, measured = _rebuild_task(session, job, jt, key)
+            task.weight, task.flops = float(weight or 1), float(flops or 0)
             run.tasks.append(task)
             if measured:
                 run._backlog.append(_observation(task, measured))
@@ -109,10 +119,16 @@ class JobRun:
         """Tell each task's tuner its results; outside any transaction (a model fit is slow)."""
         for task, indices, results in observed:
             task.tuner.tell(indices, results)
+            task.curve += best_curve(task.curve[-1] if task.curve else math.inf,
+                                     [r.mean_cost if r.ok else math.inf for r in results])
 
     def propose(self, queue_depth: int, batch_size: int) -> list[tuple[TaskRun, list[int]]]:
         """Ask the tuners the scheduler picks for new configs; empty answers mark exhaustion."""
         in_flight = sum(len(t.pending) for t in self.tasks)
+        for task in self.tasks:
+            if not (task.finished or task.stalled) and self.scheduler.should_stop(task.load()):
+                task.stalled = True
+                logger.info("job %d: task %s stopped early", self.job_id, task.workload_key)
         loads = [t.load() for t in self.tasks]
         proposals = []
         for position, n in self.scheduler.allocate(loads, queue_depth - in_flight, batch_size):
@@ -136,6 +152,14 @@ class JobRun:
                             .values(status="running"))
         return self._finish(session)
 
+    def _finish_message(self, task: TaskRun) -> str:
+        if task.done >= task.budget:
+            return ""
+        if task.exhausted:
+            return "search space exhausted"
+        return (f"stopped early after {task.done} trials: the best did not improve by "
+                f"{self.scheduler.min_gain:.0%} in the last {self.scheduler.early_stop}")
+
     def _measurement(self, task: TaskRun, index: int) -> Measurement:
         return Measurement(
             uid=uuid.uuid4().hex, job_task_id=task.job_task_id, config_index=index,
@@ -149,9 +173,9 @@ class JobRun:
         for task in self.tasks:
             if task.finished or task.pending:
                 continue
-            if task.done >= task.budget or task.exhausted:
+            if task.done >= task.budget or task.exhausted or task.stalled:
                 task.finished = True
-                message = "search space exhausted" if task.done < task.budget else ""
+                message = self._finish_message(task)
                 session.execute(update(JobTask).where(JobTask.id == task.job_task_id)
                                 .values(status="done", message=message))
         if not all(t.finished for t in self.tasks):
@@ -172,8 +196,14 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str
     """A fresh tuner for one task, plus its finished measurements to replay with ``tell``."""
     template = template_named(jt.template or "")
     workload = parse_workload(workload_key)
-    space = template.space(workload)
-    tuner = make_tuner(job.tuner, workload, space, seed=(job.id << 20) ^ jt.id)
+    # GPU templates filter configs by the limits the job's workers reported (same indices)
+    device = _reported_gpu(session, job) if template.target_kind == "cuda" else None
+    space = template.space(workload, device)
+    # xgb-transfer starts from the shared log: this template's measurements on other workloads
+    transfer = (transfer_records(session, template, job.target, jt.id)
+                if job.tuner in TRANSFER_TUNERS else [])
+    tuner = make_tuner(job.tuner, workload, space, seed=(job.id << 20) ^ jt.id,
+                       template=template, transfer=transfer)
     task = TaskRun(jt.id, workload_key, template, space, tuner, budget=jt.trials_budget,
                    done=jt.trials_done, finished=jt.status == "done")
     measured = session.scalars(
@@ -184,3 +214,14 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str
     # in-flight and withdrawn configs must not be proposed again
     tuner.visited.update(m.config_index for m in measured if m.state != "done")
     return task, [m for m in measured if m.state == "done"]
+
+
+def _reported_gpu(session: Session, job: Job) -> dict[str, Any] | None:
+    """The ``gpu`` facts the latest worker of the job's device (or target) registered with."""
+    query = select(Worker.hardware).order_by(Worker.last_heartbeat.desc().nulls_last(),
+                                             Worker.id.desc()).limit(1)
+    query = (query.where(Worker.device_key == job.device_key) if job.device_key
+             else query.where(Worker.target == job.target))
+    hardware = session.scalars(query).first() or {}
+    gpu = hardware.get("gpu") if isinstance(hardware, dict) else None
+    return gpu if isinstance(gpu, dict) else None
