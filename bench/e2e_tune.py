@@ -74,7 +74,7 @@ def tune_task(workload: Workload, threads: int, trials: int, tuner_name: str,
 
 
 def ensure_tuned(models: list[str], threads: int, trials: int, retune: bool = False,
-                 tuner_name: str = "random", seed: int = 0) -> Path:
+                 tuner_name: str = "xgb", seed: int = 0) -> Path:
     path = cache_path(threads)
     entries: dict[str, dict[str, Any]] = {}
     if path.exists() and not retune:
@@ -101,7 +101,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(SAMPLE_MODELS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--trials", type=int, default=32)
-    parser.add_argument("--tuner", default="random")
+    parser.add_argument("--tuner", default="xgb")
     parser.add_argument("--retune", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
