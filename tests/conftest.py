@@ -4,10 +4,16 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # the server extras: imported by the fixtures that use them, not at load
+    from fastapi.testclient import TestClient
+
+    from tuner_service.settings import Settings
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -58,3 +64,56 @@ def migrated_url(database_url: str) -> str:
 
     upgrade(database_url)
     return database_url
+
+
+# -- a server on the migrated database (tests/server, tests/dashboard) ---------------------
+
+@pytest.fixture
+def settings(migrated_url: str, tmp_path: Path) -> Settings:
+    from tuner_service.settings import Settings
+
+    return Settings(
+        database_url=migrated_url, data_dir=tmp_path / "data", lease_s=30.0,
+        heartbeat_s=5.0, driver_interval_s=0.05, driver_lease_s=5.0, batch_size=4,
+        queue_depth=8, claim_max_wait_s=2.0,
+    )
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[[Settings], TestClient]]:
+    """Start apps (lifespan included) and stop them at the end of the test."""
+    from fastapi.testclient import TestClient
+
+    from tuner_service.api import create_app
+
+    opened: list[TestClient] = []
+
+    def make(settings: Settings) -> TestClient:
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield make
+    for client in reversed(opened):
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(settings: Settings, make_client: Callable[[Settings], TestClient]) -> TestClient:
+    return make_client(settings)
+
+
+@pytest.fixture
+def tokens(settings: Settings) -> dict[str, str]:
+    """A secret per role, stored in the test database."""
+    from tuner_service import auth
+    from tuner_service.db.engine import Database
+
+    db = Database(settings.resolved_database_url)
+    try:
+        with db.session() as session:
+            return {role: auth.create_token(session, role, f"test-{role}")[1]
+                    for role in auth.ROLES}
+    finally:
+        db.dispose()

@@ -134,7 +134,7 @@ class ServiceMetrics:
         self.registry.register(DatabaseCollector(db, heartbeat_s))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
-        self._factory: Any = db._factory  # sessions of this app's database only
+        self._factory: Any = db.session_factory  # sessions of this app's database only
         event.listen(self._factory, "after_commit", self._after_commit)
         event.listen(self._factory, "after_soft_rollback", self._after_rollback)
 

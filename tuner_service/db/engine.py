@@ -76,6 +76,11 @@ class Database:
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
 
     @property
+    def session_factory(self) -> sessionmaker[Session]:
+        """The factory behind ``session()``: a target for session events (metrics)."""
+        return self._factory
+
+    @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
