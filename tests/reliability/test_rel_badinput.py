@@ -257,6 +257,9 @@ BAD_RECORDS = {  # the line and words its rejection must contain
     "invalid workload": (_record(workload="dense:M=0,N=1,K=1"), "out of range"),
     "negative cost": (_record(result={"costs": [-1.0], "error_kind": 0}), "positive"),
     "error kind 42": (_record(result={"costs": [], "error_kind": 42}), "42"),
+    # PostgreSQL text cannot hold NUL: found by the property test on record import
+    "NUL in a device key": (_record(device_key="cpu\u0000"), "nul"),
+    "NUL in a uid": (_record(uid="a\u0000b"), "nul"),
 }
 
 

@@ -180,6 +180,11 @@ class ResultIn(Body):
     wall_time_s: float = 0.0
     peak_gflops: float | None = None
 
+    @field_validator("error_message")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        return value.replace("\x00", "")  # PostgreSQL text cannot hold NUL
+
     @field_validator("peak_gflops")
     @classmethod
     def _plausible_peak(cls, value: float | None) -> float | None:

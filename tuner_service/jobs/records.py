@@ -86,6 +86,8 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
         raise ValueError("'result' must be an object")
     result = _checked_result(MeasureResult.from_json(result_json))
     uid = str(record.get("uid") or hashlib.sha256(line.strip().encode()).hexdigest())
+    if "\x00" in uid:  # PostgreSQL text cannot hold NUL
+        raise ValueError("'uid' must not contain NUL")
     peak = result_json.get("peak_gflops")
     return Measurement(
         uid=uid[:64], job_task_id=None, config_index=config.index, config=config.to_json(),
@@ -94,7 +96,7 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
         device_key=_text(record, "device_key", 255) if record.get("device_key") else None,
         state="done", attempts=0,
         costs=list(result.costs), mean_cost=result.mean_cost if result.ok else None,
-        error_kind=int(result.error), error_message=result.error_message,
+        error_kind=int(result.error), error_message=result.error_message.replace("\x00", ""),
         compile_time_s=result.compile_time_s, wall_time_s=result.wall_time_s,
         peak_gflops=_finite(float(peak), "peak_gflops") if peak is not None else None,
         finished_at=_timestamp(record.get("timestamp")),
@@ -103,8 +105,9 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
 
 def _text(record: dict[str, Any], key: str, limit: int) -> str:
     value = record[key]
-    if not isinstance(value, str) or not value or len(value) > limit:
-        raise ValueError(f"'{key}' must be a non-empty string of at most {limit} characters")
+    if not isinstance(value, str) or not value or len(value) > limit or "\x00" in value:
+        raise ValueError(f"'{key}' must be a non-empty string of at most {limit} characters "
+                         "without NUL")
     return value
 
 
