@@ -101,7 +101,10 @@ def slug(key: str) -> str:
 
 
 def space_signature(space: ConfigSpace) -> list[list[Any]]:
-    return [[k.name, len(k.entities)] for k in space.knobs]
+    """Knob names and sizes; knobs appended to a space later (their first option is the old
+    behaviour, as most significant digit) leave every recorded index meaning the same config."""
+    return [[k.name, len(k.entities)] for k in space.knobs
+            if not getattr(k, "appended", False)]
 
 
 def host_facts() -> dict[str, Any]:

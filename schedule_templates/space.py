@@ -118,10 +118,16 @@ class AnnotateKnob:
 
 @dataclasses.dataclass(frozen=True)
 class ChoiceKnob:
-    """Any other discrete choice (a block size, a layout, a flag)."""
+    """Any other discrete choice (a block size, a layout, a flag).
+
+    ``appended``: the knob was added to an existing space as its last knob and its first option
+    is what the template did before, so older configs (every index, and entity lists without
+    this knob) keep their meaning; ``from_entities`` fills it in with that first option.
+    """
 
     name: str
     options: tuple[Any, ...]
+    appended: bool = dataclasses.field(default=False, compare=False)
 
     kind = "ot"
 
@@ -220,6 +226,8 @@ class ConfigSpace:
         return self.constraint is None or self.constraint(self.get(index))
 
     def from_entities(self, values: dict[str, Entity]) -> Config:
+        values = {**{k.name: k.entities[0] for k in self.knobs
+                     if isinstance(k, ChoiceKnob) and k.appended}, **values}
         missing = [k.name for k in self.knobs if k.name not in values]
         extra = sorted(set(values) - {k.name for k in self.knobs})
         if missing or extra:

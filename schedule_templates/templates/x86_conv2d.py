@@ -7,6 +7,9 @@ once as ``[K/k_t][C][R][S][k_t]``. Padding, when present, is a copy into a zero-
 workspace inside the timed region. Image, channel block and row block are fused into one
 parallel loop. A fused epilogue (bias, scale, residual, clip) is applied to the register tile
 as it is stored.
+
+For a 3x3 stride-1 window the ``algorithm`` knob adds Winograd F(2x2) and F(4x4) lowerings
+(``x86_winograd``) that read the same knobs; the default config stays direct.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, vregs
 from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
 from schedule_templates.templates.window import needs_copy, pad_stage, padded_buffer
+from schedule_templates.templates.x86_winograd import (
+    ALGORITHMS,
+    eligible,
+    lower_winograd,
+    pack_winograd,
+)
 from schedule_templates.workloads import Conv2d, Workload
 
 MAX_KT = 64
@@ -38,7 +47,9 @@ MAX_KT = 64
 
 def _fits(cfg: Config) -> bool:
     kt, oht, owt = cfg["tile_k"][1], cfg["tile_oh"][1], cfg["tile_ow"][1]
-    return kt <= MAX_KT and oht * owt * vregs(kt) <= ACC_REGISTERS
+    fits = kt <= MAX_KT and oht * owt * vregs(kt) <= ACC_REGISTERS
+    # Winograd has no kernel-column loop: one setting of unroll_s, not two equal kernels
+    return fits and (cfg["algorithm"] == "direct" or cfg["unroll_s"] == "unroll")
 
 
 @register
@@ -59,6 +70,8 @@ class Conv2dX86(Template):
             ChoiceKnob("outer_order", ("k_h", "h_k")),
             ChoiceKnob("reduce_order", ("c_rs", "rs_c")),
             AnnotateKnob("unroll_s", ("none", "unroll")),
+            ChoiceKnob("algorithm", ("direct", *ALGORITHMS) if eligible(wl) else ("direct",),
+                       appended=True),
         )
         return ConfigSpace(knobs, constraint=_fits)
 
@@ -79,6 +92,8 @@ class Conv2dX86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = as_workload(workload, Conv2d)
+        if config["algorithm"] != "direct":
+            return lower_winograd(wl, config, ALGORITHMS[str(config["algorithm"])])
         ko, kt = config["tile_k"]
         oho, oht = config["tile_oh"]
         owo, owt = config["tile_ow"]
@@ -137,6 +152,8 @@ class Conv2dX86(Template):
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = as_workload(workload, Conv2d)
+        if config["algorithm"] != "direct":
+            return pack_winograd(wl, config, ALGORITHMS[str(config["algorithm"])], inputs)
         ko, kt = config["tile_k"]
         weight = np.asarray(inputs["weight"], dtype=np.float32)
         packed = weight.reshape(ko, kt, wl.C, wl.R, wl.S).transpose(0, 2, 3, 4, 1)
