@@ -173,10 +173,10 @@ def _input_transform(wl: Conv2d, g: _Geometry, src: Buffer, v: Buffer) -> Stmt:
     bt = MATRICES[g.m][0]
     a = g.alpha
     width = largest_divisor(wl.C, 16)
-    q, par = loop("q", wl.N * g.th, LoopKind.PARALLEL)
-    n, ty = q // g.th, q % g.th
+    blocks = wl.C // width
+    q, par = loop("q", wl.N * g.th * blocks, LoopKind.PARALLEL)  # enough work for every thread
+    n, ty, cb = q // (g.th * blocks), q // blocks % g.th, q % blocks
     tx, txs = loop("tx", g.tw)
-    cb, cbs = loop("cb", wl.C // width)
     c, vec = loop("c", width, LoopKind.VECTORIZE)
     ch = cb * width + c
     tile = (n * g.th + ty) * g.tw + tx
@@ -187,7 +187,7 @@ def _input_transform(wl: Conv2d, g: _Geometry, src: Buffer, v: Buffer) -> Stmt:
     second = [store(v[e1 * a + e2, tile, ch],
                     lincomb(bt[e1], [rows[i, e2, c] for i in range(a)]))
               for e1 in range(a) for e2 in range(a)]
-    return par(txs(cbs(Allocate(rows, (vec(*first, *second),)))))
+    return par(txs(Allocate(rows, (vec(*first, *second),))))
 
 
 def _gemm(wl: Conv2d, g: _Geometry, config: Config, v: Buffer, packed: Buffer, mm: Buffer,
@@ -221,10 +221,10 @@ def _output_transform(wl: Conv2d, g: _Geometry, mm: Buffer, out: Buffer, epilogu
     at = MATRICES[g.m][2]
     a, m = g.alpha, g.m
     width = largest_divisor(wl.K, 16)
-    q, par = loop("q", wl.N * g.th, LoopKind.PARALLEL)
-    n, ty = q // g.th, q % g.th
+    blocks = wl.K // width
+    q, par = loop("q", wl.N * g.th * blocks, LoopKind.PARALLEL)
+    n, ty, kb = q // (g.th * blocks), q // blocks % g.th, q % blocks
     tx, txs = loop("tx", g.tw)
-    kb, kbs = loop("kb", wl.K // width)
     k, vec = loop("k", width, LoopKind.VECTORIZE)
     ch = kb * width + k
     tile = (n * g.th + ty) * g.tw + tx
@@ -241,7 +241,7 @@ def _output_transform(wl: Conv2d, g: _Geometry, mm: Buffer, out: Buffer, epilogu
             st = vec(store(out[n, ch, oh, ow], epilogue.apply(value, ch, (n, ch, oh, ow))))
             outputs.append(IfThen(binop("and", oh < wl.out_h, ow < wl.out_w), (st,))
                            if clipped else st)
-    return par(txs(kbs(Allocate(cols, (first, *outputs)))))
+    return par(txs(Allocate(cols, (first, *outputs))))
 
 
 def pack_winograd(wl: Conv2d, config: Config, m: int, inputs: Mapping[str, np.ndarray]

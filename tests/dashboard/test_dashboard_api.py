@@ -52,6 +52,11 @@ def test_job_snapshot_has_described_tasks_points_and_errors(
         assert task["best_gflops"] == pytest.approx(expected)
         assert task["peak_gflops"] == 50.0
         assert task["fraction_of_peak"] == pytest.approx(expected / 50.0)
+        # the 3x3 conv offers Winograd (its effective GFLOPS may exceed the peak); dense does not
+        if task["op"] == "conv2d":
+            assert task["best_algorithm"] in ("direct", "winograd2", "winograd4")
+        else:
+            assert task["best_algorithm"] is None
 
 
 def test_incremental_reads_never_lose_results_reported_out_of_order(

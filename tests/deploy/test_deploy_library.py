@@ -164,3 +164,40 @@ def test_missing_or_foreign_manifest_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 99}))
     with pytest.raises(LibraryError, match="format version 99"):
         KernelLibrary(tmp_path)
+
+
+def test_winograd_and_direct_layers_share_one_scratch_arena(tmp_path: Path) -> None:
+    """A 3x3 conv tuned to Winograd, a padded direct conv of another size and a second Winograd
+    layer run in one model: all carve their workspaces from one arena, and a second run with
+    other inputs is still right (no layer depends on what another left in the scratch)."""
+    from conftest import assert_close, onnxruntime_outputs
+
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="wino_a", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["ar"], name="relu"),
+        helper.make_node("Conv", ["ar", "w2"], ["b"], name="direct_s2", pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Conv", ["b", "w3"], ["y"], name="wino_b", pads=[1, 1, 1, 1]),
+    ]
+    shapes = {"w1": (16, 8, 3, 3), "w2": (16, 16, 3, 3), "w3": (8, 16, 3, 3)}
+    weights = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    model = make_model(nodes, {"x": (1, 8, 12, 12)}, {"y": (1, 8, 6, 6)}, weights)
+    entries = []
+    for key, algorithm in (("conv2d:N=1,C=8,H=12,W=12,K=16,R=3,S=3,pad=1", "winograd4"),
+                           ("conv2d:N=1,C=16,H=6,W=6,K=8,R=3,S=3,pad=1", "winograd2")):
+        workload = parse_workload(key)
+        template = get_template(workload.op)
+        default = dict((n, v) for n, _, v in template.default_config(workload).entities)
+        config = template.space(workload).from_entities(dict(default, algorithm=algorithm))
+        entries.append(TunedEntry(workload.key, template.name, template.version,
+                                  config.to_json(), 1e-4, "llvm"))
+    manifest = build_library(model, ConfigBook(entries), tmp_path)
+    assert sorted(k["config_source"] for k in manifest["kernels"]) == [
+        "default", "tuned", "tuned"]
+    runner = ModelRunner(model, KernelLibrary(tmp_path), threads=2)
+    needed = max(4 * runner.scratch.buffer.size, 1)
+    assert needed >= max(k["workspace_bytes"] for k in manifest["kernels"])
+    for seed in (0, 1):
+        feeds = runner.random_feeds(seed)
+        assert_close(runner.run(feeds), onnxruntime_outputs(model, feeds), rtol=1e-4)

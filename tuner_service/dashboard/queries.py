@@ -79,14 +79,15 @@ def jobs_overview(session: Session, limit: int) -> list[dict[str, Any]]:
 def job_tasks(session: Session, job: Job) -> list[dict[str, Any]]:
     """Every task of the job with its best result and the device peak reported with it."""
     rows = session.execute(
-        select(JobTask, Task, Measurement.peak_gflops, Measurement.config_index)
+        select(JobTask, Task, Measurement.peak_gflops, Measurement.config_index,
+               Measurement.config)
         .join(Task, Task.id == JobTask.task_id)
         .outerjoin(Measurement, Measurement.id == JobTask.best_measurement_id)
         .where(JobTask.job_id == job.id)
         .order_by(JobTask.id)
     ).all()
     out = []
-    for jt, task, peak, best_index in rows:
+    for jt, task, peak, best_index, best_config in rows:
         best = jt.best_cost
         gflops = task.flops / best / 1e9 if best else None
         out.append({
@@ -95,10 +96,21 @@ def job_tasks(session: Session, job: Job) -> list[dict[str, Any]]:
             "flops": task.flops, "template": jt.template, "trials_done": jt.trials_done,
             "trials_budget": jt.trials_budget, "best_latency_s": best, "best_gflops": gflops,
             "best_config_index": best_index, "peak_gflops": peak,
+            "best_algorithm": _algorithm(best_config),
             "fraction_of_peak": gflops / peak if gflops and peak else None,
             "status": jt.status, "message": jt.message,
         })
     return out
+
+
+def _algorithm(config: Any) -> str | None:
+    """The ``algorithm`` knob of a config (``winograd4``...), None where it has none: effective
+    GFLOPS of a fast algorithm count the direct FLOPs and may exceed the device peak."""
+    entities = config.get("entity") if isinstance(config, dict) else None
+    for entity in entities if isinstance(entities, list) else []:
+        if isinstance(entity, list) and len(entity) == 3 and entity[0] == "algorithm":
+            return str(entity[2])
+    return None
 
 
 def job_points(session: Session, job_id: int, since_id: int

@@ -19,7 +19,7 @@ import onnx
 import onnx.numpy_helper
 
 from tuner_service.deploy.errors import DeployError, LibraryError, UnsupportedOperatorError
-from tuner_service.deploy.kernel_step import KernelStep, bind_kernel
+from tuner_service.deploy.kernel_step import KernelStep, Scratch, bind_kernel, workspace_elements
 from tuner_service.deploy.library import layer_json
 from tuner_service.deploy.loader import KernelLibrary
 from tuner_service.deploy.node import NodeInfo, OpFn
@@ -64,6 +64,9 @@ class ModelRunner:
         self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
         by_last = {_last_index(layer, proto.graph): layer for layer in layers}
         covered = {name for layer in layers for name in layer.nodes}
+        # one scratch arena, as large as the hungriest kernel's workspaces, shared by all layers
+        self.scratch = Scratch(max((workspace_elements(library.kernels[
+            _layer_symbol(layer, library.manifest)]) for layer in layers), default=0))
         self.steps: list[Any] = []
         self.kernel_steps: list[KernelStep] = []
         for index, node in enumerate(proto.graph.node):
@@ -83,7 +86,7 @@ class ModelRunner:
     def _add_layer(self, layer: Layer, library: KernelLibrary) -> None:
         symbol = _layer_symbol(layer, library.manifest)
         step = bind_kernel(library.kernels[symbol], layer, self.constants,
-                           self._shapes.get(layer.output), self.threads)
+                           self._shapes.get(layer.output), self.threads, self.scratch)
         self.steps.append(step)
         self.kernel_steps.append(step)
 

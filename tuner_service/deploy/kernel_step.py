@@ -4,6 +4,11 @@ Arguments follow the manifest's order. An argument named like a workload input t
 constant is an activation, read from the tensor the layer's ``inputs`` names at every call (a
 pointer, no copy, when it is already a dense fp32 array, as kernel outputs are). Every other
 input argument is built once here from the template's ``pack`` of the constants.
+
+Workspaces (padded copies, Winograd's transformed tiles) come from one ``Scratch`` arena that
+every layer of a model shares: layers run one after another, each kernel writes its workspace
+before reading it, so the model touches one warm block of scratch memory instead of a cold one
+per layer (ResNet-18's Winograd layers alone would need 36 MB).
 """
 
 from __future__ import annotations
@@ -18,6 +23,33 @@ from schedule_templates.runtime import aligned_empty
 from tuner_service.deploy.errors import LibraryError
 from tuner_service.deploy.loader import LoadedKernel
 from tuner_service.frontend.fusion import Layer
+
+_ALIGN = 16  # floats: every workspace starts on a 64-byte boundary
+
+
+def workspace_elements(kernel: LoadedKernel) -> int:
+    """Elements of scratch one call of ``kernel`` needs, alignment included."""
+    return sum(-(-int(a["elements"]) // _ALIGN) * _ALIGN for a in kernel.args
+               if a["role"] == "workspace")
+
+
+class Scratch:
+    """One zeroed, aligned arena whose start every kernel's workspaces are carved from."""
+
+    def __init__(self, elements: int) -> None:
+        self.buffer = aligned_empty(max(_ALIGN, elements), zero=True)
+
+    def carve(self, kernel: LoadedKernel) -> list[np.ndarray]:
+        views, offset = [], 0
+        for arg in kernel.args:
+            if arg["role"] == "workspace":
+                size = int(arg["elements"])
+                views.append(self.buffer[offset:offset + size])
+                offset += -(-size // _ALIGN) * _ALIGN
+        if offset > self.buffer.size:
+            raise LibraryError(f"kernel {kernel.symbol} needs {offset} scratch elements, the "
+                               f"arena has {self.buffer.size}")
+        return views
 
 
 class KernelStep:
@@ -54,7 +86,8 @@ class KernelStep:
 
 
 def bind_kernel(kernel: LoadedKernel, layer: Layer, graph_constants: dict[str, np.ndarray],
-                onnx_shape: tuple[int, ...] | None, threads: int) -> KernelStep:
+                onnx_shape: tuple[int, ...] | None, threads: int,
+                scratch: Scratch | None = None) -> KernelStep:
     workload = kernel.workload
     shapes = workload.input_shapes()
     constant, runtime = _split_inputs(layer, shapes, graph_constants)
@@ -67,12 +100,18 @@ def bind_kernel(kernel: LoadedKernel, layer: Layer, graph_constants: dict[str, n
     dynamic: list[tuple[int, str, np.ndarray | None, int]] = []
     keep: list[np.ndarray] = []
     output: np.ndarray | None = None
+    workspaces = iter((scratch or Scratch(workspace_elements(kernel))).carve(kernel))
     for position, arg in enumerate(kernel.args):
         size = int(np.prod(arg["shape"], dtype=np.int64))
         activation = arg["role"] == "input" and arg["name"] in runtime
         if activation and arg["elements"] == size:  # bound to the tensor at every call
             pointers.append(0)
             dynamic.append((position, layer.inputs[arg["name"]], None, size))
+            continue
+        if arg["role"] == "workspace":
+            view = next(workspaces)
+            keep.append(view)
+            pointers.append(view.ctypes.data)
             continue
         buffer = aligned_empty(int(arg["elements"]), zero=True)
         keep.append(buffer)

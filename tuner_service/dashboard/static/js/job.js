@@ -10,6 +10,7 @@ import {
 
 const FINAL = new Set(["done", "failed", "cancelled"]);
 const RATE_WINDOW_MS = 5 * 60 * 1000;
+const FAST_ALGORITHM = "effective GFLOPS: a fast algorithm does fewer multiplications than the direct convolution counted here";
 const ABOVE_PEAK = "the worker's peak reading looks too low (taken while the device was busy?)";
 
 export function pretty(text) {
@@ -133,7 +134,8 @@ function kpis(state) {
   const rate = final ? (took > 0 ? (all.length / took) * 60000 : null)
     : windowMs > 10000 ? (recent / windowMs) * 60000 : null;
   const peaks = tasks.filter((t) => t.fraction_of_peak != null);
-  const bestPeak = peaks.length ? Math.max(...peaks.map((t) => t.fraction_of_peak)) : null;
+  const direct = peaks.filter((t) => t.best_algorithm == null || t.best_algorithm === "direct");
+  const bestPeak = direct.length ? Math.max(...direct.map((t) => t.fraction_of_peak)) : null;
   const estimateSub = now == null ? `${measured.length} of ${tasks.length} tasks measured`
     : first > now ? `${(first / now).toFixed(2)}× faster than the first estimate (${latency(first)})` : "first estimate";
   return `
@@ -152,9 +154,11 @@ function kpis(state) {
 
 function taskRow(state, task, index) {
   const errors = state.points(task.task_id).filter((p) => p.error).length;
-  const above = task.fraction_of_peak > 1;
+  const fast = task.best_algorithm != null && task.best_algorithm !== "direct";
+  const above = task.fraction_of_peak > 1 && !fast;
+  const note = fast ? `; ${FAST_ALGORITHM} (${task.best_algorithm})` : above ? `; ${ABOVE_PEAK}` : "";
   const peak = task.fraction_of_peak != null
-    ? `<span class="${above ? "warn" : ""}" title="device peak ${gflops(task.peak_gflops)} GFLOPS${above ? `; ${ABOVE_PEAK}` : ""}">${percent(task.fraction_of_peak, task.fraction_of_peak < 0.1 ? 1 : 0)}${above ? " ⚠" : ""}</span>`
+    ? `<span class="${above ? "warn" : ""}" title="device peak ${gflops(task.peak_gflops)} GFLOPS${note}">${percent(task.fraction_of_peak, task.fraction_of_peak < 0.1 ? 1 : 0)}${above ? " ⚠" : ""}${fast ? " *" : ""}</span>`
     : `<span class="muted" title="the worker reported no peak">—</span>`;
   return `<tr>
     <td><a href="#task-${task.task_id}" aria-label="chart of task T${index + 1}">T${index + 1}</a></td>
