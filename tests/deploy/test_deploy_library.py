@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model
+from conftest import assert_close, make_model, onnxruntime_outputs
 from onnx import helper
 
 from schedule_templates.templates.base import get_template
@@ -170,8 +170,6 @@ def test_winograd_and_direct_layers_share_one_scratch_arena(tmp_path: Path) -> N
     """A 3x3 conv tuned to Winograd, a padded direct conv of another size and a second Winograd
     layer run in one model: all carve their workspaces from one arena, and a second run with
     other inputs is still right (no layer depends on what another left in the scratch)."""
-    from conftest import assert_close, onnxruntime_outputs
-
     rng = np.random.default_rng(3)
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["a"], name="wino_a", pads=[1, 1, 1, 1]),
