@@ -46,7 +46,11 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.space import Config
 from schedule_templates.templates.choose import largest_divisor
-from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
+from schedule_templates.templates.epilogue import (
+    EpilogueStage,
+    epilogue_arguments,
+    epilogue_stage,
+)
 from schedule_templates.workloads import Conv2d
 
 F = Fraction
@@ -217,7 +221,8 @@ def _gemm(wl: Conv2d, g: _Geometry, config: Config, v: Buffer, packed: Buffer, m
     return par(sub(tile))
 
 
-def _output_transform(wl: Conv2d, g: _Geometry, mm: Buffer, out: Buffer, epilogue) -> Stmt:  # type: ignore[no-untyped-def]
+def _output_transform(wl: Conv2d, g: _Geometry, mm: Buffer, out: Buffer,
+                      epilogue: EpilogueStage) -> Stmt:
     at = MATRICES[g.m][2]
     a, m = g.alpha, g.m
     width = largest_divisor(wl.K, 16)
