@@ -65,8 +65,7 @@ class ModelRunner:
         by_last = {_last_index(layer, proto.graph): layer for layer in layers}
         covered = {name for layer in layers for name in layer.nodes}
         # one scratch arena, as large as the hungriest kernel's workspaces, shared by all layers
-        self.scratch = Scratch(max((workspace_elements(library.kernels[
-            _layer_symbol(layer, library.manifest)]) for layer in layers), default=0))
+        self.scratch = Scratch(max(map(workspace_elements, library.kernels.values()), default=0))
         self.steps: list[Any] = []
         self.kernel_steps: list[KernelStep] = []
         for index, node in enumerate(proto.graph.node):

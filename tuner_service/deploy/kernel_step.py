@@ -27,10 +27,13 @@ from tuner_service.frontend.fusion import Layer
 _ALIGN = 16  # floats: every workspace starts on a 64-byte boundary
 
 
+def _aligned(elements: int) -> int:
+    return -(-elements // _ALIGN) * _ALIGN
+
+
 def workspace_elements(kernel: LoadedKernel) -> int:
     """Elements of scratch one call of ``kernel`` needs, alignment included."""
-    return sum(-(-int(a["elements"]) // _ALIGN) * _ALIGN for a in kernel.args
-               if a["role"] == "workspace")
+    return sum(_aligned(int(a["elements"])) for a in kernel.args if a["role"] == "workspace")
 
 
 class Scratch:
@@ -45,7 +48,7 @@ class Scratch:
             if arg["role"] == "workspace":
                 size = int(arg["elements"])
                 views.append(self.buffer[offset:offset + size])
-                offset += -(-size // _ALIGN) * _ALIGN
+                offset += _aligned(size)
         if offset > self.buffer.size:
             raise LibraryError(f"kernel {kernel.symbol} needs {offset} scratch elements, the "
                                f"arena has {self.buffer.size}")
