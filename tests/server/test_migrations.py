@@ -59,3 +59,26 @@ def test_cli_serve_refuses_old_schema(database_url: str,
 
     assert main(["serve", "--database", database_url, "--port", "0"]) == 2
     assert "tuner db upgrade" in capsys.readouterr().err
+
+
+def test_upgrade_from_0001_keeps_rows_and_adds_the_security_columns(database_url: str) -> None:
+    from sqlalchemy import text
+
+    upgrade(database_url, "0001")
+    engine = make_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO tokens (name, role, token_hash, revoked) "
+                              "VALUES ('old', 'worker', 'abc', false)"))
+            conn.execute(text("INSERT INTO jobs (target, trials_per_task, tuner, options, "
+                              "status, message) VALUES ('llvm', 4, 'random', '{}', 'queued', '')"))
+        upgrade(database_url, "0002")
+        with engine.connect() as conn:
+            token = conn.execute(text("SELECT name, device_key FROM tokens")).one()
+            job = conn.execute(text("SELECT target, owner_token_id FROM jobs")).one()
+    finally:
+        engine.dispose()
+    assert tuple(token) == ("old", None)  # an old token stays valid for every device key
+    assert tuple(job) == ("llvm", None)  # an old job has no owner: only an admin cancels it
+    downgrade(database_url, "0001")
+    assert current_revision(database_url) == "0001"

@@ -1,6 +1,7 @@
 """ORM tables. Alembic (``migrations/``) is the only thing that creates or changes them.
 
-Timestamps are written by the database clock (``utcnow``) wherever they take part in leases.
+Timestamps are written by the database clock (``utcnow``) wherever they take part in leases,
+and are time-zone-aware UTC on both databases (``UtcDateTime``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -24,8 +24,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from tuner_service.db.types import UtcDateTime
+
 NOW = text("CURRENT_TIMESTAMP")
-Timestamp = DateTime(timezone=True)
+Timestamp = UtcDateTime()
 
 
 class Base(DeclarativeBase):
@@ -76,6 +78,8 @@ class Job(Base):
     #: the server process that drives this job's tuners, and until when (database clock)
     driver_owner: Mapped[str | None] = mapped_column(String(64))
     driver_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    #: the token that created the job: it (or an admin) may cancel it (None: created before 0002)
+    owner_token_id: Mapped[int | None] = mapped_column(Integer)
 
 
 class JobTask(Base):
@@ -156,6 +160,8 @@ class Token(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: a worker token bound to one device key registers workers for that key only
+    device_key: Mapped[str | None] = mapped_column(String(255))
 
 
 class TuningLogEntry(Base):

@@ -1,0 +1,41 @@
+"""Column types. ``UtcDateTime``: timestamps are UTC and time-zone-aware on every database.
+
+SQLite has no time-zone type: SQLAlchemy stores a datetime there as text and silently drops any
+offset, so ``12:00+14:00`` would read back as ``12:00`` UTC. This type converts every value to
+UTC before it is stored and attaches UTC to what comes back, on SQLite and PostgreSQL alike. The
+column DDL is unchanged (``DateTime(timezone=True)``), so no migration is needed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import DateTime
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` in UTC; a naive value is taken to be UTC already. Raises OverflowError when the
+    conversion leaves the datetime range (``0001-01-01T00:00+14:00``)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if not isinstance(value, dt.datetime):
+            return value  # None, or a SQL expression's text
+        utc = as_utc(value)
+        # SQLite's text layout cannot hold an offset; the value is UTC by construction
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return as_utc(value)
