@@ -6,4 +6,5 @@ bash scripts/setup.sh
 export OPENBLAS_NUM_THREADS=1
 .venv/bin/ruff check schedule_templates workers tuner_service migrations tests bench
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
