@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
@@ -30,13 +31,26 @@ class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     UNKNOWN = "unknown"
+    #: the measurement exists but the reporting worker does not hold its lease (now)
+    NOT_LEASED = "not_leased"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """Who must hold a measurement's live lease for a worker's result to count."""
+
+    worker_id: int
+    device_key: str
 
 
 def store_result(session: Session, measure_id: int, result: MeasureResult,
-                 peak_gflops: float | None = None, worker_id: int | None = None) -> Outcome:
+                 peak_gflops: float | None = None, worker_id: int | None = None,
+                 lease: Lease | None = None) -> Outcome:
     """Mark a queued or leased measurement done; a second report of the same id is a duplicate.
 
-    The guarded UPDATE (``state != 'done'``) makes concurrent double reports count once.
+    The guarded UPDATE (``state != 'done'``) makes concurrent double reports count once. With
+    ``lease``, only that worker's unexpired lease on a measurement for its device key may be
+    finished (database clock); anything else is ``NOT_LEASED`` and changes nothing.
     """
     values: dict[str, Any] = {
         "state": "done",
@@ -52,17 +66,28 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
         "lease_owner": None,
         "lease_expires_at": None,
     }
+    guard = [Measurement.id == measure_id, Measurement.state.in_(("queued", "leased"))]
+    if lease is not None:
+        guard += [Measurement.state == "leased", Measurement.lease_owner == lease.worker_id,
+                  Measurement.lease_expires_at >= utcnow(),
+                  or_(Measurement.device_key.is_(None),
+                      Measurement.device_key == lease.device_key)]
     stmt = (
         update(Measurement)
-        .where(Measurement.id == measure_id, Measurement.state.in_(("queued", "leased")))
+        .where(*guard)
         .values(**values)
         .returning(Measurement.job_task_id)
         .execution_options(synchronize_session=False)
     )
     row = session.execute(stmt).first()
     if row is None:
-        state = session.scalar(select(Measurement.state).where(Measurement.id == measure_id))
-        return Outcome.DUPLICATE if state is not None else Outcome.UNKNOWN
+        found = session.execute(select(Measurement.state, Measurement.worker_id)
+                                .where(Measurement.id == measure_id)).first()
+        if found is None:
+            return Outcome.UNKNOWN
+        if lease is None or (found.state == "done" and found.worker_id == lease.worker_id):
+            return Outcome.DUPLICATE  # finished before (by this worker, when one is named)
+        return Outcome.NOT_LEASED
     session.info.setdefault(STORED_RESULTS_INFO, []).append(int(result.error))
     if row.job_task_id is not None:
         _count_trial(session, row.job_task_id, measure_id, result)
