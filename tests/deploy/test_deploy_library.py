@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 from conftest import assert_close, make_model, onnxruntime_outputs
 from onnx import helper
@@ -132,23 +133,34 @@ def test_configs_files_in_every_published_format(tmp_path: Path, form: str) -> N
     assert choice is not None and choice.config.index == index  # the faster one wins
 
 
-def test_unsupported_operator_error_names_operator_and_node(tmp_path: Path) -> None:
+def test_operator_nobody_implements_is_refused_naming_operator_and_node(
+        tmp_path: Path) -> None:
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="fine"),
-             helper.make_node("Hardmax", ["r"], ["y"], name="the_hardmax")]
-    model = make_model(nodes, {"x": (1, 4, 4)}, {"y": None})
+             helper.make_node("Frobnicate", ["r"], ["y"], name="the_frob", domain="com.example")]
+    graph = helper.make_graph(
+        nodes, "custom", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
     build_library(model, ConfigBook(), tmp_path)
-    with pytest.raises(UnsupportedOperatorError, match=r"Hardmax.*the_hardmax"):
+    with pytest.raises(UnsupportedOperatorError,
+                       match=r"Frobnicate.*the_frob.*com\.example.*reference evaluator"):
         ModelRunner(model, KernelLibrary(tmp_path))
 
 
-def test_unsupported_attribute_is_named_too(tmp_path: Path) -> None:
+def test_attribute_our_numpy_refuses_moves_the_node_to_the_reference_evaluator(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     node = helper.make_node("Pad", ["x", "pads"], ["y"], name="wrap_pad", mode="wrap")
     model = make_model([node], {"x": (2, 3)}, {"y": None},
                        {"pads": np.array([1, 1, 1, 1], np.int64)}, opset=19)
     build_library(model, ConfigBook(), tmp_path)
     runner = ModelRunner(model, KernelLibrary(tmp_path))
-    with pytest.raises(UnsupportedOperatorError, match=r"Pad.*wrap_pad.*wrap"):
-        runner.run(runner.random_feeds())
+    feeds = runner.random_feeds()
+    with caplog.at_level("WARNING"):
+        got = runner.run(feeds)
+    assert "Pad" in caplog.text and "wrap_pad" in caplog.text and "wrap" in caplog.text
+    assert_close(got, onnxruntime_outputs(model, feeds), rtol=1e-6)
+    assert [row["op"] for row in runner.fallback_report()] == ["Pad"]
 
 
 def test_library_of_another_model_is_refused(tmp_path: Path) -> None:

@@ -27,3 +27,7 @@ class BuildError(DeployError):
 
 class ConfigSourceError(DeployError):
     """A configs file or server answer that cannot be read as tuned configs."""
+
+
+class FeedError(DeployError):
+    """Input arrays that do not fit the model, or an inputs file that cannot be read."""

@@ -4,7 +4,9 @@ Loading does all the work that does not depend on the input: it re-plans the mod
 the plan against the library's manifest, folds constant subgraphs (shapes included), packs
 every constant weight once with its template's ``pack``, and allocates each kernel's output and
 scratch buffers. A run then walks the graph in order; kernel outputs land in those fixed
-buffers, so a kernel that feeds another passes a pointer and nothing is copied.
+buffers, so a kernel that feeds another passes a pointer and nothing is copied. An operator
+without a numpy implementation here (or with an attribute ours refuses) runs in onnx's reference
+evaluator (``fallback``), named in a warning, instead of refusing the model.
 """
 
 from __future__ import annotations
@@ -19,10 +21,19 @@ import onnx
 import onnx.numpy_helper
 
 from tuner_service.deploy.errors import DeployError, LibraryError, UnsupportedOperatorError
+from tuner_service.deploy.fallback import (
+    FallbackStep,
+    fallback_report,
+    model_opsets,
+    warn_fallbacks,
+)
+from tuner_service.deploy.feeds import InputSpec, check_feeds, input_specs, random_feeds
 from tuner_service.deploy.kernel_step import KernelStep, Scratch, bind_kernel, workspace_elements
 from tuner_service.deploy.library import layer_json
 from tuner_service.deploy.loader import KernelLibrary
 from tuner_service.deploy.node import NodeInfo, OpFn
+from tuner_service.deploy.ops_image import IMAGE_OPS
+from tuner_service.deploy.ops_misc import MISC_OPS
 from tuner_service.deploy.ops_nn import NN_OPS
 from tuner_service.deploy.ops_tensor import TENSOR_OPS
 from tuner_service.frontend.fusion import Layer, node_name, plan_layers
@@ -31,19 +42,34 @@ from tuner_service.frontend.loading import load_model
 
 logger = logging.getLogger(__name__)
 
-OPS: dict[str, OpFn] = {**TENSOR_OPS, **NN_OPS}
+OPS: dict[str, OpFn] = {**TENSOR_OPS, **NN_OPS, **IMAGE_OPS, **MISC_OPS}
 # Never folded at load time even when their inputs are constant.
 _NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
                            "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
 class NumpyStep:
-    def __init__(self, fn: OpFn, info: NodeInfo, inputs: list[str], outputs: list[str]) -> None:
-        self.fn, self.info, self.inputs, self.outputs = fn, info, inputs, outputs
+    """One node run by our numpy implementation; if that refuses the node (an attribute it
+    does not handle), the node moves to onnx's reference evaluator for good."""
+
+    def __init__(self, fn: OpFn, node: onnx.NodeProto, info: NodeInfo,
+                 opsets: dict[str, int]) -> None:
+        self.fn, self.node, self.info, self.opsets = fn, node, info, opsets
+        self.inputs, self.outputs = list(node.input), list(node.output)
+        self.fallback: FallbackStep | None = None
 
     def __call__(self, env: dict[str, np.ndarray]) -> None:
+        if self.fallback is not None:
+            self.fallback(env)
+            return
         args = [env[name] if name else None for name in self.inputs]
-        results = self.fn(args, self.info)
+        try:
+            results = self.fn(args, self.info)
+        except UnsupportedOperatorError as e:
+            self.fallback = FallbackStep(self.node, self.info, self.opsets, str(e))
+            warn_fallbacks([self.fallback])
+            self.fallback(env)
+            return
         for name, value in zip(self.outputs, results, strict=False):
             if name:
                 env[name] = value
@@ -58,6 +84,8 @@ class ModelRunner:
         self.threads = max(1, threads or library.threads)
         proto = load_model(model)
         self._opset = _default_opset(proto)
+        self._opsets = model_opsets(proto)
+        self._run_seconds = 0.0
         self._shapes = _static_shapes(proto)
         layers = plan_layers(proto)
         _check_plan(layers, library.manifest)
@@ -74,13 +102,15 @@ class ModelRunner:
                 self._add_layer(by_last[index], library)
             elif name not in covered:
                 self._add_node(node, name)
-        self.inputs = {v.name: self._shapes.get(v.name) for v in proto.graph.input
-                       if v.name not in self.constants}
+        self.input_specs: list[InputSpec] = input_specs(proto, self.constants, self._shapes)
+        #: input name -> static shape (None where a dimension is dynamic)
+        self.inputs = {spec.name: spec.static_shape for spec in self.input_specs}
         self.outputs = [v.name for v in proto.graph.output]
         _check_dataflow(self.steps, set(self.inputs) | set(self.constants), self.outputs)
         # raw weights the kernels packed are not needed any more: keep what steps still read
         read = {name for step in self.steps for name in step.inputs} | set(self.outputs)
         self.constants = {k: v for k, v in self.constants.items() if k in read}
+        warn_fallbacks(self.steps)
 
     def _add_layer(self, layer: Layer, library: KernelLibrary) -> None:
         symbol = _layer_symbol(layer, library.manifest)
@@ -92,12 +122,11 @@ class ModelRunner:
     def _add_node(self, node: onnx.NodeProto, name: str) -> None:
         info = NodeInfo.from_proto(node, name, self._opset)
         fn = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        step: NumpyStep | FallbackStep
         if fn is None:
-            domain = f" from domain {node.domain!r}" if node.domain not in ("", "ai.onnx") else ""
-            raise UnsupportedOperatorError(
-                node.op_type, name, f"no numpy implementation{domain}; supported: "
-                + ", ".join(sorted(OPS)))
-        step = NumpyStep(fn, info, list(node.input), list(node.output))
+            step = FallbackStep(node, info, self._opsets, "no numpy implementation")
+        else:
+            step = NumpyStep(fn, node, info, self._opsets)
         if node.op_type == "Shape" and node.input[0] in self._shapes:
             # shape inference fixed every dimension: the Shape is a constant
             probe = {node.input[0]: np.broadcast_to(np.float32(0), self._shapes[node.input[0]])}
@@ -111,18 +140,21 @@ class ModelRunner:
             self.steps.append(step)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs by name; FeedError (a DeployError) for inputs that do not fit the model."""
+        start = time.perf_counter()
         env: dict[str, np.ndarray] = dict(self.constants)
-        for name, shape in self.inputs.items():
-            if name not in feeds:
-                raise DeployError(f"missing model input {name!r}")
-            value = np.ascontiguousarray(feeds[name], dtype=np.float32)
-            if shape is not None and value.shape != shape:
-                raise DeployError(f"input {name!r} has shape {value.shape}, the model expects "
-                                  f"{shape}")
-            env[name] = value
+        env.update(check_feeds(self.input_specs, feeds))
         for step in self.steps:
             step(env)
-        return {name: np.array(env[name], copy=True) for name in self.outputs}
+        outputs = {name: np.array(env[name], copy=True) for name in self.outputs}
+        self._run_seconds += time.perf_counter() - start
+        return outputs
+
+    def fallback_report(self) -> list[dict[str, Any]]:
+        """Operators run by onnx's reference evaluator: nodes, seconds, share of run time
+        (over every ``run`` since load)."""
+        steps = [s.fallback if isinstance(s, NumpyStep) else s for s in self.steps]
+        return fallback_report(steps, self._run_seconds)
 
     def profile(self, feeds: Mapping[str, np.ndarray], iterations: int = 10
                 ) -> list[dict[str, Any]]:
@@ -134,18 +166,21 @@ class ModelRunner:
                 start = time.perf_counter()
                 step(env)
                 samples[i].append(time.perf_counter() - start)
-        return [{"step": _step_name(step), "kind": "kernel" if step in self.kernel_steps
-                 else "numpy", "median_s": float(np.median(s))}
+        return [{"step": _step_name(step), "kind": _step_kind(step),
+                 "median_s": float(np.median(s))}
                 for step, s in zip(self.steps, samples, strict=True)]
 
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Standard-normal inputs of the model's static shapes (benchmarks, checks)."""
-        missing = [n for n, s in self.inputs.items() if s is None]
-        if missing:
-            raise DeployError(f"inputs {missing} have dynamic shapes; pass arrays explicitly")
-        rng = np.random.default_rng(seed)
-        return {n: rng.standard_normal(s).astype(np.float32)
-                for n, s in self.inputs.items() if s is not None}
+        """Seeded inputs of the model's static shapes and dtypes (benchmarks, checks)."""
+        return random_feeds(self.input_specs, seed)
+
+
+def _step_kind(step: Any) -> str:
+    if isinstance(step, KernelStep):
+        return "kernel"
+    if isinstance(step, FallbackStep) or getattr(step, "fallback", None) is not None:
+        return "reference"
+    return "numpy"
 
 
 def _step_name(step: Any) -> str:
