@@ -15,6 +15,10 @@ class ModelError(FrontendError, ValueError):
     """The input is not a usable ONNX model; the message says why, in words for the uploader."""
 
 
+class ModelTooLarge(ModelError):
+    """An uploaded archive unpacks to more bytes or members than the server's limits."""
+
+
 class UnmappableNode(FrontendError):
     """One node cannot become a workload; ``extract_tasks`` turns this into an ``Unsupported``.
 

@@ -22,10 +22,12 @@ from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import Workload
 from tuner_service.frontend.conv import map_conv
 from tuner_service.frontend.errors import ModelError, UnmappableNode
+from tuner_service.frontend.external import DataFiles
 from tuner_service.frontend.fusion import fused_workloads
 from tuner_service.frontend.graph import GraphIndex, index_graph
-from tuner_service.frontend.loading import load_model
+from tuner_service.frontend.loading import ModelInput, load_model
 from tuner_service.frontend.matmul import map_gemm, map_matmul
+from tuner_service.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +91,20 @@ class ExtractionResult:
         return sum(t.workload.flops() * t.weight for t in self.tasks)
 
 
-def extract_tasks(model: bytes | bytearray | memoryview | onnx.ModelProto) -> ExtractionResult:
+def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
+                  files: DataFiles | None = None) -> ExtractionResult:
     """Map every tunable node of ``model`` to a workload and merge identical workloads.
 
-    CPU-bound (about 0.2 s for ResNet-18 bytes, more for a ModelProto, which must be serialized
-    for onnx's checker); async callers should run it in a worker thread.
+    ``model``, ``input_shapes`` and ``files`` are as for ``loading.load_model`` (a ``Path``
+    reads external data from the model's folder). CPU-bound (about 0.2 s for ResNet-18 bytes,
+    more for a ModelProto, which must be serialized for onnx's checker); async callers should
+    run it in a worker thread.
 
-    Raises ModelError if ``model`` is not a valid, self-contained ONNX model whose shapes can be
-    inferred, or if it has tunable layers and every one of them has absurd dimensions.
+    Raises ModelError if ``model`` is not a valid ONNX model whose shapes can be inferred
+    (external data only from its folder or ``files``), or if it has tunable layers and every
+    one of them has absurd dimensions.
     """
-    proto = load_model(model)
+    proto = load_model(model, input_shapes, files)
     graph = index_graph(proto.graph)
     fused = fused_workloads(proto, graph)
     # base key -> fused key -> (workload, node names): one task per base workload

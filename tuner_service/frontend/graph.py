@@ -15,7 +15,7 @@ Dim = int | str | None
 
 # Ops whose output is not a pure function of their inputs (or runs a subgraph): constant
 # inputs do not make their output constant.
-_NONDETERMINISTIC = frozenset(
+NONDETERMINISTIC = frozenset(
     {
         "RandomNormal",
         "RandomNormalLike",
@@ -45,6 +45,8 @@ class GraphIndex:
 
     tensors: Mapping[str, TensorInfo]
     constants: frozenset[str]
+    #: symbolic dimension name -> the graph input (and axis) that declares it
+    dynamic_inputs: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     def is_constant(self, name: str) -> bool:
         return name in self.constants
@@ -56,17 +58,29 @@ class GraphIndex:
             raise UnmappableNode(f"the shape of {role} {name!r} could not be inferred")
         shape = []
         for axis, dim in enumerate(info.dims):
-            if isinstance(dim, str):
-                raise UnmappableNode(
-                    f"{role} {name!r} has dynamic dimension {dim!r} at axis {axis}; "
-                    "export the model with fixed shapes (e.g. batch 1)"
-                )
-            if dim is None:
-                raise UnmappableNode(f"{role} {name!r} has an unknown dimension at axis {axis}")
+            if isinstance(dim, str) or dim is None:
+                raise UnmappableNode(self._dynamic_reason(name, role, dim, axis))
             if dim < 1:
                 raise UnmappableNode(f"{role} {name!r} has dimension {dim} at axis {axis}")
             shape.append(dim)
         return tuple(shape)
+
+    def _dynamic_reason(self, name: str, role: str, dim: str | None, axis: int) -> str:
+        """Why a dimension is not a number, and what the user can do about it."""
+        label = "an unknown dimension" if dim is None else f"dynamic dimension {dim!r}"
+        source = self.dynamic_inputs.get(dim) if dim is not None else None
+        if source is not None:
+            graph_input, input_axis = source
+            return (f"{role} {name!r} has {label} at axis {axis}, set by axis {input_axis} of "
+                    f"graph input {graph_input!r}; pin it with --input-shape "
+                    f"{graph_input}=DIMS (or export the model with fixed shapes)")
+        if self.dynamic_inputs:
+            inputs = sorted({source[0] for source in self.dynamic_inputs.values()})
+            return (f"{role} {name!r} has {label} at axis {axis}, computed at run time from "
+                    f"dynamic graph inputs ({', '.join(inputs)}); pin them with --input-shape "
+                    "NAME=DIMS")
+        return (f"{role} {name!r} has {label} at axis {axis}: it depends on values known only "
+                "at run time, not on the input shapes")
 
     def require_float32(self, name: str, role: str) -> None:
         """Templates are fp32 only: a task of another type would tune the wrong kernel."""
@@ -94,7 +108,14 @@ def index_graph(graph: onnx.GraphProto) -> GraphIndex:
             tensors[value.name] = _tensor_info(value.type.tensor_type)
     for init in graph.initializer:
         tensors[init.name] = TensorInfo(init.data_type, tuple(int(d) for d in init.dims))
-    return GraphIndex(tensors=tensors, constants=_constant_values(graph))
+    weights = {init.name for init in graph.initializer}
+    dynamic: dict[str, tuple[str, int]] = {}
+    for value in graph.input:
+        dims = tensors[value.name].dims if value.name in tensors else None
+        for axis, dim in enumerate(dims or ()):
+            if isinstance(dim, str) and value.name not in weights:
+                dynamic.setdefault(dim, (value.name, axis))
+    return GraphIndex(tensors=tensors, constants=_constant_values(graph), dynamic_inputs=dynamic)
 
 
 def _tensor_info(tensor_type: onnx.TypeProto.Tensor) -> TensorInfo:
@@ -123,7 +144,7 @@ def _constant_values(graph: onnx.GraphProto) -> frozenset[str]:
 
 
 def _is_constant_node(node: onnx.NodeProto, constants: AbstractSet[str]) -> bool:
-    if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
+    if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC:
         return False
     if node.op_type == "Constant":
         return True

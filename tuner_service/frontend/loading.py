@@ -1,14 +1,18 @@
-"""Turn untrusted upload bytes into a checked, shape-inferred ``onnx.ModelProto``.
+"""Turn an untrusted model (bytes, a proto, or a file path) into a checked, shape-inferred
+``onnx.ModelProto`` with every dimension made static that can be.
 
 Every failure of onnx or protobuf on a bad input becomes a ``ModelError`` with a sentence the
-uploader can act on. Tensors stored outside the model (external data) are refused before onnx
-sees them: resolving them would read paths named by the uploader from the server's disk.
+uploader can act on. Tensors stored outside the model (external data) are read only from the
+model's own folder (a path) or from the archive it came in (``archive``), after checks that
+keep the reads inside it (``external``); a model given as bare bytes may not reference files.
+Pinned input shapes are written into the graph before inference, and shape computations are
+folded after it (``shapes``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from pathlib import Path
 
 import onnx
 import onnx.checker
@@ -17,8 +21,18 @@ import onnx.shape_inference
 from google.protobuf.message import DecodeError
 
 from tuner_service.frontend.errors import ModelError
+from tuner_service.frontend.external import (
+    DataFiles,
+    FolderFiles,
+    all_tensors,
+    embed_external_data,
+)
+from tuner_service.frontend.shapes import InputShapes, fold_shapes, pin_input_shapes
 
 logger = logging.getLogger(__name__)
+
+#: what ``load_model`` accepts: serialized bytes, a proto, or the path of a ``.onnx`` file
+ModelInput = bytes | bytearray | memoryview | onnx.ModelProto | Path
 
 # What onnx's C++ core raises for a model it rejects; nothing here is a bug of ours.
 _ONNX_REJECTIONS: tuple[type[Exception], ...] = (
@@ -29,20 +43,73 @@ _ONNX_REJECTIONS: tuple[type[Exception], ...] = (
 )
 
 
-def load_model(model: bytes | bytearray | memoryview | onnx.ModelProto) -> onnx.ModelProto:
-    """Parse (if bytes), check, inline local functions and infer every intermediate shape.
+def load_model(model: ModelInput, input_shapes: InputShapes | None = None,
+               files: DataFiles | None = None) -> onnx.ModelProto:
+    """Parse (if bytes or a path), check, inline local functions, infer every intermediate
+    shape and fold shape computations.
 
-    The returned proto is a new object; a ``ModelProto`` passed in is not modified. onnx's
-    checker and shape inference are given serialized bytes: for a model of tens of MB that is
-    several times faster than handing them a Python proto, which they would serialize again.
+    ``input_shapes`` pins graph inputs (``{"input": (1, 3, 224, 224)}``). External data is read
+    from ``files`` if given, else from the folder of a ``Path``; bytes or a proto without
+    ``files`` must be self-contained. The returned proto is a new object; a ``ModelProto``
+    passed in is not modified. onnx's checker and shape inference are given serialized bytes:
+    for a model of tens of MB that is several times faster than handing them a Python proto.
     """
+    if isinstance(model, Path):
+        files = files or FolderFiles(model.parent)
+        model = _read_file(model)
     data, proto = _parse(model)
+    if isinstance(model, onnx.ModelProto) and (files is not None or input_shapes):
+        proto = _copy(data)
+    if files is not None and embed_external_data(proto, files):
+        data = b""
     refuse_external_data(proto)
     refuse_negative_dims(proto)
+    if input_shapes:
+        pin_input_shapes(proto, input_shapes)
+        data = b""
+    data = data or _serialize(proto)
     _check(data)
     if len(proto.functions):
         data = _inline_functions(proto).SerializeToString()
-    return _infer_shapes(data)
+    return _static_shapes(data)
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def _copy(data: bytes) -> onnx.ModelProto:
+    """A proto the caller does not own: parsed again from ``data`` (cheaper than CopyFrom)."""
+    copy = onnx.ModelProto()
+    copy.ParseFromString(data)
+    return copy
+
+
+def _serialize(proto: onnx.ModelProto) -> bytes:
+    try:
+        return proto.SerializeToString()
+    except ValueError as e:  # protobuf refuses messages over 2 GiB
+        raise ModelError(f"the model with its weights is too large for one ONNX protobuf: "
+                         f"{_first_line(e)}") from e
+
+
+def _static_shapes(data: bytes) -> onnx.ModelProto:
+    """Inferred shapes, then folded shape computations and inference once more.
+
+    If the second inference disagrees with the folded types (which would be a bug in the
+    folding, not in the model), the model is used as onnx alone inferred it.
+    """
+    proto = _infer_shapes(data)
+    if not fold_shapes(proto):
+        return proto
+    try:
+        return _infer_shapes(proto.SerializeToString())
+    except ModelError as e:
+        logger.warning("shape folding gave types onnx disagrees with (%s); using onnx's", e)
+        return _infer_shapes(data)
 
 
 def _parse(
@@ -50,9 +117,10 @@ def _parse(
 ) -> tuple[bytes, onnx.ModelProto]:
     """The model as bytes and as a proto (for our own inspection)."""
     if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString(), model
+        return _serialize(model), model
     if not isinstance(model, bytes | bytearray | memoryview):
-        raise TypeError(f"expected ONNX bytes or an onnx.ModelProto, got {type(model).__name__}")
+        raise TypeError(f"expected ONNX bytes, a Path or an onnx.ModelProto, got "
+                        f"{type(model).__name__}")
     data = bytes(model)
     if not data:
         raise ModelError("the model file is empty")
@@ -70,12 +138,13 @@ def _parse(
 
 
 def refuse_external_data(proto: onnx.ModelProto) -> None:
-    """Raise ModelError if any tensor points at data outside the uploaded bytes."""
-    for where, tensor in _all_tensors(proto):
+    """Raise ModelError if any tensor still points at data outside the model's bytes."""
+    for where, tensor in all_tensors(proto):
         if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data):
             raise ModelError(
                 f"tensor {tensor.name or '(unnamed)'!r} in {where} stores its data in an external "
-                "file; upload a self-contained model (onnx.save with save_as_external_data=False)"
+                "file; give the model's path (its data files beside it) or upload one zip/tar "
+                "archive holding the .onnx and its data files"
             )
 
 
@@ -93,41 +162,6 @@ def refuse_negative_dims(proto: onnx.ModelProto) -> None:
         if any(d < 0 for d in tensor.dims):
             raise ModelError(f"initializer {tensor.name!r} declares negative dimensions "
                              f"{list(tensor.dims)}")
-
-
-def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
-    yield from _graph_tensors(proto.graph, f"graph {proto.graph.name or '(unnamed)'!r}")
-    for function in proto.functions:
-        where = f"function {function.name!r}"
-        for node in function.node:
-            yield from _node_tensors(node, where)
-
-
-def _graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
-    for tensor in graph.initializer:
-        yield where, tensor
-    for sparse in graph.sparse_initializer:
-        yield where, sparse.values
-        yield where, sparse.indices
-    for node in graph.node:
-        yield from _node_tensors(node, where)
-
-
-def _node_tensors(node: onnx.NodeProto, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
-    for attr in node.attribute:
-        if attr.HasField("t"):
-            yield where, attr.t
-        yield from ((where, t) for t in attr.tensors)
-        if attr.HasField("sparse_tensor"):
-            yield where, attr.sparse_tensor.values
-            yield where, attr.sparse_tensor.indices
-        for sparse in attr.sparse_tensors:
-            yield where, sparse.values
-            yield where, sparse.indices
-        # Control-flow bodies (If, Loop, Scan) carry their own initializers and constants.
-        subgraphs = [attr.g] if attr.HasField("g") else []
-        for sub in [*subgraphs, *attr.graphs]:
-            yield from _graph_tensors(sub, f"subgraph {sub.name or '(unnamed)'!r} of {where}")
 
 
 def _check(data: bytes) -> None:
