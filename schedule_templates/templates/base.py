@@ -122,7 +122,9 @@ def _load_builtin() -> None:
         cuda_conv2d,
         cuda_depthwise,
         cuda_gemm,
+        cuda_group_conv,
         x86_conv2d,
         x86_depthwise,
         x86_gemm,
+        x86_group_conv,
     )

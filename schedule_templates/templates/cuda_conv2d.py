@@ -15,7 +15,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from schedule_templates.ir.nodes import Buffer, Const, Expr, Kernel, Load, Select, binop
+from schedule_templates.ir.nodes import (
+    Buffer,
+    Const,
+    Expr,
+    ExprLike,
+    Kernel,
+    Load,
+    Select,
+    binop,
+)
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.cuda_tiling import (
@@ -29,13 +38,14 @@ from schedule_templates.templates.cuda_tiling import (
 )
 from schedule_templates.templates.epilogue import epilogue_stage
 from schedule_templates.workloads import Conv2d, Workload
+from schedule_templates.workloads.conv import _Window
 
 
 def _gemm_shape(wl: Conv2d) -> tuple[int, int, int]:
     return wl.K, wl.N * wl.out_h * wl.out_w, wl.C * wl.R * wl.S
 
 
-def _pointwise(wl: Conv2d) -> bool:
+def pointwise(wl: _Window) -> bool:
     """A 1x1 stride-1 unpadded convolution of one image: activations are ``[C][pixels]``."""
     return (wl.R == wl.S == 1 and wl.stride == (1, 1) and not any(wl.pad) and wl.N == 1)
 
@@ -65,12 +75,12 @@ class Conv2dCuda(Template):
         stage = epilogue_stage(wl)
         if stage.residual is not None:  # indexed like the output, pixels flattened
             stage = dataclasses.replace(stage, residual=Buffer("residual", out.shape))
-        if _pointwise(wl):
+        if pointwise(wl):
             data = Buffer("data", (wl.C, pixels))
             right = Operand(N, "mn", vector_width(N), lambda _b, p, c: data[c, p])
         else:
             data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
-            right = Operand(N, "mn", 1, lambda _b, p, crs: _im2col(wl, data, p, crs))
+            right = Operand(N, "mn", 1, lambda _b, p, crs: im2col(wl, data, p, crs))
 
         def pixel(p: Expr) -> tuple[Expr, Expr]:
             return (Const(0), p) if wl.N == 1 else (p // pixels, p % pixels)
@@ -92,12 +102,13 @@ class Conv2dCuda(Template):
         return Kernel("conv2d_cuda", (data, weight, *stage.buffers, out), (), (body,))
 
 
-def _im2col(wl: Conv2d, data: Buffer, p: Expr, crs: Expr) -> Expr:
-    """Activation feeding output pixel ``p`` through reduction index ``crs`` (0 in padding)."""
+def im2col(wl: _Window, data: Buffer, p: Expr, crs: Expr, channel0: ExprLike = 0) -> Expr:
+    """Activation feeding output pixel ``p`` through reduction index ``crs`` (0 in padding);
+    ``channel0`` is the first input channel the reduction covers (a group's first)."""
     pixels = wl.out_h * wl.out_w
     n, q = (Const(0), p) if wl.N == 1 else (p // pixels, p % pixels)
     oh, ow = q // wl.out_w, q % wl.out_w
-    c, rs = crs // (wl.R * wl.S), crs % (wl.R * wl.S)
+    c, rs = crs // (wl.R * wl.S) + channel0, crs % (wl.R * wl.S)
     r, s = rs // wl.S, rs % wl.S
     top, left = wl.pad[0], wl.pad[1]
     h = oh * wl.stride[0] + r * wl.dilation[0] - top

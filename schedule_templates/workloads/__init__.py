@@ -7,7 +7,7 @@ from schedule_templates.workloads.base import (
     workload_class,
     workload_ops,
 )
-from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d
+from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d, GroupConv2d
 from schedule_templates.workloads.gemm import BatchMatmul, Dense
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Conv2d",
     "Dense",
     "DepthwiseConv2d",
+    "GroupConv2d",
     "Workload",
     "make_workload",
     "parse_workload",

@@ -121,6 +121,9 @@ class Workload(ABC):
 
     #: inputs that are constant at inference time (weights): templates may pre-pack them once.
     constant_inputs: ClassVar[tuple[str, ...]] = ()
+    #: small keys, odd shapes included, that the template contract tests run every template of
+    #: this operator on (tests list their own shapes for the older operators)
+    examples: ClassVar[tuple[str, ...]] = ()
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)

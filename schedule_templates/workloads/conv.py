@@ -1,6 +1,9 @@
-"""Convolution workloads in NCHW: ``conv2d`` (groups = 1) and ``depthwise_conv2d`` (groups = C).
+"""Convolution workloads in NCHW: ``conv2d`` (groups = 1), ``depthwise_conv2d`` (groups = C)
+and ``group_conv2d`` (any other number of groups dividing both channel counts).
 
-Both may fuse an epilogue (bias, folded batch norm, residual, ReLU/clip) on their output.
+Each is its own operator, so a key names one space: ``conv2d`` keys never carry a group count
+and keep their meaning and config indices. All three may fuse an epilogue (bias, folded batch
+norm, residual, ReLU/clip) on their output. A 1-D convolution is a 2-D one with ``H = 1``.
 """
 
 from __future__ import annotations
@@ -184,5 +187,88 @@ class DepthwiseConv2d(_Window):
         mult = f" x{self.multiplier}" if self.multiplier != 1 else ""
         return (
             f"depthwise conv2d {self.C} channels{mult}, {self.H}x{self.W} input, {self._geometry()}"
+            + (f", batch {self.N}" if self.N != 1 else "") + self._fused()
+        )
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class GroupConv2d(_Window):
+    """Grouped convolution: the C input and K output channels form ``groups`` equal groups and
+    output channel k of group ``g = k // (K/groups)`` reads input channels
+    ``g*C/groups .. (g+1)*C/groups - 1``; weight ``[K][C/groups][R][S]`` as in ONNX.
+
+    ``groups = 1`` is ``conv2d`` and ``groups = C`` is ``depthwise_conv2d``: both are refused
+    here so that every convolution has exactly one key."""
+
+    K: int = 0
+    groups: int = 0
+    epilogue: Epilogue = NO_EPILOGUE
+
+    op: ClassVar[str] = "group_conv2d"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        **_CONV_PARAMS,
+        "K": ("int", None),
+        **_WINDOW_PARAMS,
+        "groups": ("int", None),
+        **_EPILOGUE_PARAM,
+    }
+    examples: ClassVar[tuple[str, ...]] = (
+        "group_conv2d:N=1,C=16,H=10,W=10,K=32,R=3,S=3,pad=1,groups=2",
+        "group_conv2d:N=1,C=32,H=13,W=11,K=32,R=3,S=3,stride=2,pad=1,groups=4",
+        "group_conv2d:N=2,C=16,H=9,W=11,K=24,R=3,S=2,stride=2x1,pad=0x1x2x0,dilation=2x1,"
+        "groups=8",
+        "group_conv2d:N=1,C=12,H=7,W=15,K=6,R=1,S=3,pad=0x1x0x1,groups=3",
+        "group_conv2d:N=1,C=64,H=1,W=19,K=64,R=1,S=5,stride=2,pad=0x2x0x2,groups=16",
+    )
+
+    @property
+    def group_in(self) -> int:
+        """Input channels per group."""
+        return self.C // self.groups
+
+    @property
+    def group_out(self) -> int:
+        """Output channels per group."""
+        return self.K // self.groups
+
+    def validate(self) -> None:
+        super().validate()
+        if self.groups == 1:
+            raise InvalidWorkloadError("group_conv2d: groups=1 is an ordinary conv2d")
+        if self.C % self.groups or self.K % self.groups:
+            raise InvalidWorkloadError(
+                f"group_conv2d: groups={self.groups} must divide the input channels "
+                f"(C={self.C}) and the output channels (K={self.K})")
+        if self.groups == self.C:
+            raise InvalidWorkloadError(
+                f"group_conv2d: groups=C={self.C} is a depthwise_conv2d with "
+                f"multiplier={self.K // self.C}")
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"data": (self.N, self.C, self.H, self.W),
+                "weight": (self.K, self.group_in, self.R, self.S),
+                **self.epilogue.input_shapes(self.output_shape())}
+
+    def output_shape(self) -> Shape:
+        return (self.N, self.K, self.out_h, self.out_w)
+
+    def flops(self) -> int:
+        return 2 * self.N * self.K * self.out_h * self.out_w * self.group_in * self.R * self.S
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        g, pixels = self.groups, self.out_h * self.out_w
+        weight = np.asarray(inputs["weight"], dtype=np.float32)
+        out = np.zeros((self.N, g, self.group_out, pixels), dtype=np.float32)
+        for r, s, window in self._windows(inputs["data"]):
+            taps = weight[:, :, r, s].reshape(g, self.group_out, self.group_in)
+            # (G, K/g, C/g) @ (N, G, C/g, pixels) -> (N, G, K/g, pixels)
+            out += np.matmul(taps, window.reshape(self.N, g, self.group_in, pixels))
+        return self.epilogue.apply(out.reshape(self.output_shape()), inputs)
+
+    def describe(self) -> str:
+        return (
+            f"grouped conv2d {self.C}->{self.K} channels in {self.groups} groups, "
+            f"{self.H}x{self.W} input, {self._geometry()}"
             + (f", batch {self.N}" if self.N != 1 else "") + self._fused()
         )

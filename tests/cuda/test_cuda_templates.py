@@ -14,7 +14,7 @@ from schedule_templates.ir.gpu import serialize_for_host
 from schedule_templates.runtime import lower
 from schedule_templates.templates.base import all_templates, get_template
 from schedule_templates.templates.cuda_tiling import DeviceLimits, GemmTiles
-from schedule_templates.workloads import parse_workload
+from schedule_templates.workloads import parse_workload, workload_class
 
 TARGET = "cuda -arch=sm_90"
 RESNET18 = [
@@ -51,6 +51,17 @@ HOST = {
         "depthwise_conv2d:N=1,C=5,H=9,W=9,R=3,S=3,stride=2",
     ],
 }
+# any other CUDA template (a new one) is checked on the examples of its workload class, plus
+# big shapes where this file lists some
+BIG = {
+    "group_conv2d": ["group_conv2d:N=1,C=512,H=14,W=14,K=512,R=3,S=3,pad=1,groups=32",
+                     "group_conv2d:N=1,C=224,H=56,W=56,K=224,R=3,S=3,stride=2,pad=1,groups=28"],
+}
+for _template in all_templates():
+    if _template.target_kind == "cuda" and _template.op not in COMPILE:
+        _examples = list(workload_class(_template.op).examples)
+        COMPILE[_template.op] = [*BIG.get(_template.op, []), *_examples[:2]]
+        HOST[_template.op] = _examples
 
 
 def sources(keys, per_workload, seed):
@@ -134,6 +145,8 @@ def test_more_random_configs_match_numpy_on_the_host(op, key):
     "dense:M=20,N=24,K=16,epilogue=bias+relu",
     "conv2d:N=1,C=4,H=6,W=6,K=8,R=3,S=3,pad=1,epilogue=scale+bias+residual+relu6",
     "depthwise_conv2d:N=1,C=4,H=7,W=7,R=3,S=3,pad=1,epilogue=bias+relu",
+    "group_conv2d:N=1,C=8,H=6,W=7,K=12,R=3,S=3,pad=1,groups=4,epilogue=scale+bias+residual+relu",
+    "group_conv2d:N=2,C=6,H=1,W=9,K=6,R=1,S=3,stride=2,groups=2,epilogue=bias+relu6",
 ])
 def test_fused_epilogues_match_numpy_on_the_host(key):
     run_on_host(key)

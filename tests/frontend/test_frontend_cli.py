@@ -56,10 +56,10 @@ def test_extract_json(bert_path: Path, capsys: Any) -> None:
 def test_extract_json_lists_unsupported(tmp_path: Path, capsys: Any) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")
-    path = tmp_path / "grouped.onnx"
+    path = tmp_path / "conv3d.onnx"
     torch.onnx.export(
-        torch.nn.Conv2d(4, 8, 3, groups=2).eval(),
-        (torch.randn(1, 4, 8, 8),),
+        torch.nn.Conv3d(4, 8, 3).eval(),
+        (torch.randn(1, 4, 6, 6, 6),),
         str(path),
         dynamo=False,
     )

@@ -10,7 +10,12 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 
-from schedule_templates.workloads import Conv2d, DepthwiseConv2d, parse_workload  # noqa: E402
+from schedule_templates.workloads import (  # noqa: E402
+    Conv2d,
+    DepthwiseConv2d,
+    GroupConv2d,
+    parse_workload,
+)
 from tuner_service.frontend.errors import ModelError  # noqa: E402
 from tuner_service.frontend.extract import ExtractionResult, extract_tasks  # noqa: E402
 
@@ -76,6 +81,45 @@ CONV_CASES = [
         {"group": 6, "pads": [1, 1, 1, 1]},
         "depthwise_conv2d:N=1,C=6,H=7,W=7,R=3,S=3,pad=1,multiplier=2",
     ),
+    # grouped: channels per group above 1, odd sizes, stride, padding, dilation
+    (
+        (1, 8, 7, 9),
+        (12, 2, 3, 3),
+        {"group": 4, "pads": [1, 1, 1, 1], "strides": [2, 2]},
+        "group_conv2d:N=1,C=8,H=7,W=9,K=12,R=3,S=3,stride=2,pad=1,groups=4",
+    ),
+    (
+        (2, 16, 9, 8),
+        (8, 8, 3, 2),
+        {"group": 2, "dilations": [2, 1], "pads": [0, 1, 2, 0]},
+        "group_conv2d:N=2,C=16,H=9,W=8,K=8,R=3,S=2,pad=0x1x2x0,dilation=2x1,groups=2",
+    ),
+    (
+        (1, 16, 5, 5),
+        (16, 2, 3, 3),
+        {"group": 8, "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        "group_conv2d:N=1,C=16,H=5,W=5,K=16,R=3,S=3,stride=2,pad=1,groups=8",
+    ),
+    # 1-D: a 2-D convolution over a height of 1
+    ((1, 4, 20), (8, 4, 3), {}, "conv2d:N=1,C=4,H=1,W=20,K=8,R=1,S=3"),
+    (
+        (2, 6, 17),
+        (9, 2, 5),
+        {"group": 3, "strides": [2], "pads": [2, 1], "dilations": [1]},
+        "group_conv2d:N=2,C=6,H=1,W=17,K=9,R=1,S=5,stride=1x2,pad=0x2x0x1,groups=3",
+    ),
+    (
+        (1, 6, 15),
+        (6, 1, 3),
+        {"group": 6, "auto_pad": "SAME_UPPER"},
+        "depthwise_conv2d:N=1,C=6,H=1,W=15,R=1,S=3,pad=0x1x0x1",
+    ),
+    (
+        (1, 4, 10),
+        (4, 4, 3),
+        {"auto_pad": "SAME_LOWER", "strides": [2], "dilations": [1]},
+        "conv2d:N=1,C=4,H=1,W=10,K=4,R=1,S=3,stride=1x2,pad=0x1x0x0",
+    ),
 ]
 
 
@@ -98,17 +142,20 @@ def test_conv_workload_computes_what_onnxruntime_computes(
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (expected,) = session.run(None, {"x": data})
     workload = parse_workload(key)
-    assert isinstance(workload, Conv2d | DepthwiseConv2d)
-    got = workload.reference({"data": data, "weight": weight})
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert isinstance(workload, Conv2d | DepthwiseConv2d | GroupConv2d)
+    shapes = workload.input_shapes()  # a 1-D convolution's tensors gain a unit height
+    got = workload.reference({"data": data.reshape(shapes["data"]),
+                              "weight": weight.reshape(shapes["weight"])})
+    np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs", "reason"),
     [
-        ((1, 8, 6, 6), (8, 4, 3, 3), {"group": 2}, "group=2"),
-        ((1, 4, 20), (8, 4, 3), {}, "1-D convolution"),
         ((1, 4, 6, 6, 6), (8, 4, 3, 3, 3), {}, "3-D convolution"),
+        ((1, 4, 6, 6, 6, 6), (8, 4, 3, 3, 3, 3), {}, "4-D convolution"),
+        ((1, 8, 6, 6), (8, 2, 3, 3), {"group": 2}, "2 input channels per group"),
+        ((1, 8, 6, 6), (6, 3, 3, 3), {"group": 3}, "group=3 does not divide"),
     ],
 )
 def test_conv_without_template(

@@ -73,7 +73,7 @@ def _randomize_bn(module: Any) -> Any:
     """Non-trivial running statistics, so folding them is actually tested."""
     gen = torch.Generator().manual_seed(3)
     for m in module.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
+        if isinstance(m, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d):
             with torch.no_grad():
                 m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.5)
                 m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
@@ -83,13 +83,13 @@ def _randomize_bn(module: Any) -> Any:
 
 
 class _Residual(torch.nn.Module):
-    def __init__(self, channels: int, downsample: bool) -> None:
+    def __init__(self, channels: int, downsample: bool, groups: int = 1) -> None:
         super().__init__()
         stride = 2 if downsample else 1
         out = channels * 2 if downsample else channels
         self.conv1 = torch.nn.Conv2d(channels, out, 3, stride, 1, bias=False)
         self.bn1 = torch.nn.BatchNorm2d(out)
-        self.conv2 = torch.nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.conv2 = torch.nn.Conv2d(out, out, 3, 1, 1, groups=groups, bias=False)
         self.bn2 = torch.nn.BatchNorm2d(out)
         self.shortcut = torch.nn.Sequential(
             torch.nn.Conv2d(channels, out, 1, stride, bias=False), torch.nn.BatchNorm2d(out)
@@ -135,6 +135,14 @@ MODULES = {
                        ["scale+bias+relu", "scale+bias+residual+relu"]),
     "downsample_block": (lambda: _Residual(8, True), [(1, 8, 8, 8)],
                          ["scale+bias+relu", "scale+bias", "scale+bias+residual+relu"]),
+    "grouped_bn_relu": (lambda: torch.nn.Sequential(
+        torch.nn.Conv2d(16, 24, 3, 2, 1, groups=4, bias=False), torch.nn.BatchNorm2d(24),
+        torch.nn.ReLU()), [(1, 16, 11, 9)], ["scale+bias+relu"]),
+    "grouped_residual_block": (lambda: _Residual(16, False, groups=8), [(1, 16, 7, 9)],
+                               ["scale+bias+relu", "scale+bias+residual+relu"]),
+    "conv1d_grouped_bn_relu": (lambda: torch.nn.Sequential(
+        torch.nn.Conv1d(6, 12, 5, padding=2, groups=3), torch.nn.BatchNorm1d(12),
+        torch.nn.ReLU()), [(1, 6, 23)], ["scale+bias+relu"]),
     "linear_relu": (lambda: torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.ReLU()),
                     [(4, 24)], ["bias+relu"]),
     "linear_stack": (_LinearStack, [(2, 3, 16)],

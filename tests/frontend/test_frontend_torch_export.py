@@ -51,6 +51,27 @@ def _summary(result: ExtractionResult) -> list[tuple[str, int]]:
             [(2, 4, 10, 10)],
             "conv2d:N=2,C=4,H=10,W=10,K=4,R=3,S=1,pad=2x0x2x0,dilation=2x1,epilogue=bias",
         ),
+        (
+            torch.nn.Conv2d(8, 16, 3, groups=2),
+            [(1, 8, 16, 16)],
+            "group_conv2d:N=1,C=8,H=16,W=16,K=16,R=3,S=3,groups=2,epilogue=bias",
+        ),
+        (
+            torch.nn.Conv2d(32, 64, 3, stride=2, padding=1, groups=8, bias=False),
+            [(1, 32, 15, 15)],
+            "group_conv2d:N=1,C=32,H=15,W=15,K=64,R=3,S=3,stride=2,pad=1,groups=8",
+        ),
+        (
+            torch.nn.Conv1d(4, 8, 3),
+            [(1, 4, 20)],
+            "conv2d:N=1,C=4,H=1,W=20,K=8,R=1,S=3,epilogue=bias",
+        ),
+        (
+            torch.nn.Conv1d(12, 6, 5, stride=2, padding=2, dilation=2, groups=3, bias=False),
+            [(2, 12, 33)],
+            "group_conv2d:N=2,C=12,H=1,W=33,K=6,R=1,S=5,stride=1x2,pad=0x2x0x2,dilation=1x2,"
+            "groups=3",
+        ),
         # Gemm with C, and MatMul + Add: the bias is fused either way
         (torch.nn.Linear(32, 10), [(4, 32)], "dense:M=4,N=10,K=32,epilogue=bias"),
         (torch.nn.Linear(32, 10), [(2, 5, 32)], "dense:M=10,N=10,K=32,epilogue=bias"),
@@ -68,8 +89,7 @@ def test_exported_module(module: Any, shapes: list[tuple[int, ...]], expected: s
 @pytest.mark.parametrize(
     ("module", "shape", "op", "reason"),
     [
-        (torch.nn.Conv2d(8, 16, 3, groups=2), (1, 8, 16, 16), "Conv", "group=2"),
-        (torch.nn.Conv1d(4, 8, 3), (1, 4, 20), "Conv", "1-D convolution"),
+        (torch.nn.Conv3d(4, 8, 3), (1, 4, 6, 6, 6), "Conv", "3-D convolution"),
         (torch.nn.ConvTranspose2d(4, 8, 3), (1, 4, 10, 10), "ConvTranspose", "transposed"),
     ],
 )

@@ -7,7 +7,7 @@ from schedule_templates.errors import InvalidConfigError, InvalidWorkloadError
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import all_templates, get_template
 from schedule_templates.templates.x86_gemm import DenseX86
-from schedule_templates.workloads import parse_workload
+from schedule_templates.workloads import parse_workload, workload_class
 from schedule_templates.workloads.epilogue import NO_EPILOGUE, Epilogue, parse_epilogue
 
 BASES = {
@@ -21,6 +21,9 @@ BASES = {
     ],
     "dense": ["dense:M=13,N=48,K=40", "dense:M=1,N=32,K=64"],
 }
+# any other fusing x86 template (a new one) is tested on the first examples of its workload
+BASES.update({t.op: list(workload_class(t.op).examples[:2]) for t in all_templates()
+              if t.fuses_epilogue and t.target_kind == "llvm" and t.op not in BASES})
 EPILOGUES = [
     "bias", "scale", "scale+bias", "residual", "relu", "relu6", "clip(-0.25:0.5)",
     "clip(-inf:0.1)", "bias+relu", "scale+bias+relu6", "bias+residual+relu",
@@ -200,3 +203,4 @@ def test_missing_epilogue_input_is_a_typed_error():
 def test_every_fusing_template_is_covered():
     fusing = {t.op for t in all_templates() if t.fuses_epilogue and t.target_kind == "llvm"}
     assert fusing == set(BASES)
+    assert all(BASES.values()), "declare examples on the workload class of every fusing operator"

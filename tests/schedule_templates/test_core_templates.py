@@ -9,7 +9,7 @@ from schedule_templates.errors import InvalidConfigError, InvalidWorkloadError
 from schedule_templates.records import ErrorKind
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import all_templates, get_template
-from schedule_templates.workloads import parse_workload
+from schedule_templates.workloads import parse_workload, workload_class
 
 WORKLOADS = {
     "dense": ["dense:M=64,N=48,K=40", "dense:M=1,N=1000,K=512", "dense:M=13,N=7,K=11"],
@@ -27,7 +27,11 @@ WORKLOADS = {
         "depthwise_conv2d:N=1,C=5,H=9,W=9,R=3,S=3,stride=2",
     ],
 }
-CASES = [(op, key) for op, keys in WORKLOADS.items() for key in keys]
+#: operators listed above use those shapes; any other operator with an x86 template (a new one)
+#: is picked up with the examples its workload class declares
+SHAPES = {t.op: WORKLOADS.get(t.op) or list(workload_class(t.op).examples)
+          for t in all_templates() if t.target_kind == "llvm"}
+CASES = [(op, key) for op, keys in sorted(SHAPES.items()) for key in keys]
 
 
 def run_config(key, index, threads=1):
@@ -48,6 +52,12 @@ def run_config(key, index, threads=1):
 
 def test_every_operator_has_a_template():
     assert {t.op for t in all_templates()} >= set(WORKLOADS)
+
+
+@pytest.mark.parametrize("op", sorted(SHAPES))
+def test_every_template_has_shapes_to_test(op):
+    assert SHAPES[op], f"{op}: list shapes here or declare examples on its workload class"
+    assert all(parse_workload(key).op == op for key in SHAPES[op])
 
 
 @pytest.mark.parametrize("op, key", CASES)

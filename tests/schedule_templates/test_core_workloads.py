@@ -58,6 +58,10 @@ def test_bad_keys_give_clear_errors(key, message):
 @pytest.mark.parametrize("key, groups", [
     ("conv2d:N=2,C=3,H=7,W=6,K=4,R=3,S=2,stride=2x1,pad=1x0x2x1,dilation=1x2", 1),
     ("depthwise_conv2d:N=1,C=3,H=6,W=7,R=3,S=3,stride=2,pad=1,multiplier=2", 3),
+    ("group_conv2d:N=2,C=8,H=7,W=6,K=6,R=3,S=2,stride=2x1,pad=1x0x2x1,dilation=1x2,groups=2",
+     2),
+    ("group_conv2d:N=1,C=12,H=5,W=9,K=8,R=1,S=3,pad=0x1x0x1,groups=4", 4),
+    ("group_conv2d:N=1,C=16,H=1,W=11,K=24,R=1,S=3,stride=2,groups=8", 8),
 ])
 def test_conv_references_match_a_direct_loop(key, groups):
     w = parse_workload(key)
