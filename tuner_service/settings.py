@@ -53,6 +53,10 @@ class Settings(BaseSettings):
 
     # Inputs
     max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    #: a model uploaded as a zip/tar archive (``.onnx`` + external data): uncompressed bytes
+    #: of all its members together, and how many members it may have
+    max_model_bytes: int = Field(default=2 * 1024 * 1024 * 1024, ge=1)
+    max_archive_members: int = Field(default=4096, ge=1)
     max_import_lines: int = Field(default=1_000_000, ge=1)
 
     # Security

@@ -1,30 +1,53 @@
-"""Uploaded ONNX models: content-addressed (same bytes, same model) and split into tasks."""
+"""Uploaded ONNX models: content-addressed (same bytes, same model) and split into tasks.
+
+An upload is one ``.onnx`` file, or one zip/tar archive holding a ``.onnx`` and the external
+data files it names (``frontend.archive``). The archive is the stored unit: its bytes are
+hashed and counted whole, and the model's weights are read from its members only.
+
+Pinned input shapes (``NAME=1x3x224x224``) change which tasks a model has, so they are part of
+the content address: without any, ``sha256`` is the upload's SHA-256; with some, it is the
+SHA-256 of the upload's digest followed by the canonical shapes (``a=1x3,b=2``). The shapes
+live in that address and in the returned JSON, no new column is needed.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tuner_service.db.errors import InvalidInputError, UnavailableError
+from tuner_service.db.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
 from tuner_service.db.models import Model, Task
 
 logger = logging.getLogger(__name__)
 
 
-def store_model(session: Session, data: bytes, name: str) -> tuple[Model, list[Task]]:
-    """The model for these bytes, extracting and storing its tasks the first time."""
-    digest = hashlib.sha256(data).hexdigest()
+@dataclasses.dataclass(frozen=True)
+class UploadLimits:
+    """Uncompressed bytes and members an uploaded archive may unpack to."""
+
+    max_bytes: int
+    max_members: int
+
+
+def store_model(session: Session, data: bytes, name: str, *, limits: UploadLimits,
+                input_shapes: Sequence[str] = ()) -> tuple[Model, list[Task]]:
+    """The model for these bytes (and pinned shapes), extracting and storing its tasks the
+    first time."""
+    shapes = _parse_shapes(input_shapes)
+    digest = model_digest(data, shapes)
     existing = session.scalar(select(Model).where(Model.sha256 == digest))
     if existing is not None:
         return existing, model_tasks(session, existing.id)
     # End that read before the slow part: on SQLite the transaction holds the database's write
     # lock, and parsing a large model would stall every worker's report for seconds.
     session.rollback()
-    extraction = _extract(data)
+    extraction = _extract(data, shapes, limits)
     model = Model(sha256=digest, name=name[:255], size_bytes=len(data),
                   unsupported=[_unsupported_json(u) for u in extraction.unsupported])
     session.add(model)
@@ -41,18 +64,47 @@ def store_model(session: Session, data: bytes, name: str) -> tuple[Model, list[T
     return model, tasks
 
 
+def model_digest(data: bytes, shapes: str = "") -> str:
+    """The content address: the upload's SHA-256, combined with the pinned shapes if any."""
+    digest = hashlib.sha256(data).hexdigest()
+    if not shapes:
+        return digest
+    return hashlib.sha256(f"{digest}\ninput-shapes:{shapes}".encode()).hexdigest()
+
+
 def model_tasks(session: Session, model_id: int) -> list[Task]:
     return list(session.scalars(select(Task).where(Task.model_id == model_id).order_by(Task.id)))
 
 
-def _extract(data: bytes) -> Any:
+def _parse_shapes(items: Sequence[str]) -> str:
+    """The pinned shapes in canonical form ("" for none); InvalidInputError if malformed."""
+    if not items:
+        return ""
+    from tuner_service.frontend.errors import ModelError
+    from tuner_service.frontend.shapes import format_input_shapes, parse_input_shapes
+
     try:
-        from tuner_service.frontend.errors import ModelError
+        return format_input_shapes(parse_input_shapes(items))
+    except ModelError as e:
+        raise InvalidInputError(str(e)) from e
+
+
+def _extract(data: bytes, shapes: str, limits: UploadLimits) -> Any:
+    try:
+        from tuner_service.frontend.archive import ArchiveLimits, is_archive, read_archive
+        from tuner_service.frontend.errors import ModelError, ModelTooLarge
         from tuner_service.frontend.extract import extract_tasks
+        from tuner_service.frontend.shapes import parse_input_shapes
     except ImportError as e:
         raise UnavailableError(f"the ONNX frontend is not available: {e}") from e
+    pinned = parse_input_shapes(shapes.split(",")) if shapes else None
     try:
-        return extract_tasks(data)
+        if not is_archive(data):
+            return extract_tasks(data, pinned)
+        archive = read_archive(data, ArchiveLimits(limits.max_bytes, limits.max_members))
+        return extract_tasks(archive.model, pinned, archive.files)
+    except ModelTooLarge as e:
+        raise PayloadTooLargeError(str(e)) from e
     except ModelError as e:
         raise InvalidInputError(f"cannot read the model: {e}") from e
 

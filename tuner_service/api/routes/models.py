@@ -1,17 +1,25 @@
-"""``POST /models``: upload an ONNX file (multipart field ``file``)."""
+"""``POST /models``: upload an ONNX model (multipart field ``file``).
+
+``file`` is a self-contained ``.onnx``, or a zip/tar archive of a ``.onnx`` and its external
+data files. ``input_shape`` (repeatable form field, ``NAME=1x3x224x224``) pins dynamic input
+dimensions before tasks are extracted.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Request, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from tuner_service.api.deps import SessionDep, SettingsDep, UserToken
 from tuner_service.api.schemas import ModelPublic
 from tuner_service.db.errors import InvalidInputError, PayloadTooLargeError
-from tuner_service.jobs.uploads import store_model
+from tuner_service.jobs.uploads import UploadLimits, store_model
 
 router = APIRouter(tags=["models"])
+
+#: most pinned inputs one upload may name
+MAX_INPUT_SHAPES = 64
 
 
 def _read_limited(request: Request, file: UploadFile, limit: int) -> bytes:
@@ -30,12 +38,18 @@ def _read_limited(request: Request, file: UploadFile, limit: int) -> bytes:
 def upload_model(
     _token: UserToken,
     request: Request,
-    file: Annotated[UploadFile, File()],
+    file: Annotated[UploadFile, File(description="an .onnx file, or a zip/tar archive of one "
+                                     ".onnx and its external data files")],
     session: SessionDep,
     settings: SettingsDep,
+    input_shape: Annotated[list[str] | None, Form(
+        description="pin a dynamic input: NAME=1x3x224x224 (repeat the field per input)",
+        max_length=MAX_INPUT_SHAPES)] = None,
 ) -> ModelPublic:
     data = _read_limited(request, file, settings.max_upload_bytes)
-    model, tasks = store_model(session, data, file.filename or "model.onnx")
+    limits = UploadLimits(settings.max_model_bytes, settings.max_archive_members)
+    model, tasks = store_model(session, data, file.filename or "model.onnx", limits=limits,
+                               input_shapes=input_shape or ())
     return ModelPublic.model_validate({
         "model_id": model.id, "name": model.name, "sha256": model.sha256,
         "tasks": [{"task_id": t.id, "workload": t.workload_key, "weight": t.weight,
