@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -75,3 +76,20 @@ def test_build_uses_the_servers_tuning_log(live_server: tuple[str, dict[str, str
     assert kernel["workload"].startswith(CONV_KEY)
     assert kernel["config_source"] == "tuned" and kernel["config"]["index"] == index
     assert kernel["tuned_latency_s"] == pytest.approx(2.1e-5)
+
+
+def test_a_jobs_configs_carry_the_thread_count_it_measured_at(
+        client: Any, tokens: dict[str, str], tmp_path: Path) -> None:
+    from tuner_service.deploy.configs import load_configs_file
+
+    answer = client.post("/api/v1/jobs", headers={"Authorization": f"Bearer {tokens['user']}"},
+                         json={"workloads": [CONV_KEY], "target": "llvm", "threads": 2,
+                               "trials_per_task": 2, "tuner": "random"})
+    assert answer.status_code == 201, answer.text
+    configs = client.get(f"/api/v1/jobs/{answer.json()['job_id']}/configs",
+                         headers={"Authorization": f"Bearer {tokens['user']}"})
+    assert configs.status_code == 200, configs.text
+    assert configs.json()["threads"] == 2
+    path = tmp_path / "configs.json"
+    path.write_text(configs.text)
+    assert load_configs_file(path).threads == 2

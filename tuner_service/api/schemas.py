@@ -116,6 +116,8 @@ class JobConfigs(BaseModel):
     job_id: int
     target: str
     status: str
+    #: the thread count the job measured at (``tuner build`` makes it the library's default)
+    threads: int | None = None
     tasks: list[TaskConfigPublic]
 
 

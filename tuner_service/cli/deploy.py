@@ -2,8 +2,12 @@
 then run the model with it (kernels for the tunable layers, numpy for the rest).
 
 Thread count: kernels take it as an argument and run their parallel loops on libgomp's pool.
-``tuner build --threads T`` records the count the configs were tuned for; ``tuner run`` uses it
+The configs say which count they were tuned at; ``tuner build`` records it as the library's
+default (``--threads T`` overrides it, with a warning when T differs); ``tuner run`` uses it
 unless ``--threads`` says otherwise, and sets ``OMP_NUM_THREADS`` to the same value.
+
+``tuner run --inputs FILE.npz`` runs real data (arrays saved by name with ``numpy.savez``),
+``--outputs OUT.npz`` saves what the model computed.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from tuner_service.cli.models import add_input_shape_flag
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +42,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build.add_argument("--token", help="bearer token for --server (default: TUNER_TOKEN or "
                        "the one `tuner up` saved)")
     build.add_argument("--target", default="llvm")
-    build.add_argument("--threads", type=int, default=1,
-                       help="thread count the configs were tuned for (tuner run's default)")
+    build.add_argument("--threads", type=int, default=None,
+                       help="tuner run's default thread count (default: the count the "
+                       "configs were tuned at, else 1)")
     build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
+    add_input_shape_flag(build)
     build.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     build.set_defaults(func=run_build)
 
@@ -53,17 +61,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--threads", type=int, default=None,
                      help="kernel threads (default: the count recorded at build time)")
     run.add_argument("--seed", type=int, default=0)
+    add_input_shape_flag(run)
+    run.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                     help="input arrays by name (numpy.savez); default: seeded random inputs")
+    run.add_argument("--outputs", type=Path, metavar="OUT.npz",
+                     help="save the model's outputs (one run on the inputs) to this .npz file")
     run.add_argument("--check", action="store_true",
                      help="compare the outputs with onnxruntime's (max abs / relative error)")
     run.add_argument("--json", action="store_true")
     run.set_defaults(func=run_run)
 
 
-def _read_model(path: Path) -> bytes | None:
+def _read_model(path: Path, args: argparse.Namespace) -> bytes | None:
+    """The model as self-contained bytes: external data read from its folder, ``--input-shape``
+    pinned, shape computations folded (the frontend's ``load_model``)."""
+    from tuner_service.cli.models import input_shapes
+    from tuner_service.frontend.errors import ModelError
+    from tuner_service.frontend.loading import load_model
+
     try:
-        return path.read_bytes()
-    except OSError as e:
-        print(f"error: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        return bytes(load_model(path, input_shapes(args)).SerializeToString())
+    except ModelError as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
         return None
 
 
@@ -72,11 +91,14 @@ def run_build(args: argparse.Namespace) -> int:
     from tuner_service.deploy.library import build_library
     from tuner_service.frontend.errors import FrontendError
 
-    data = _read_model(args.model)
+    data = _read_model(args.model, args)
     if data is None:
         return EXIT_BAD_INPUT
     try:
         book = _config_book(args)
+        if args.threads is not None and args.threads < 1:
+            print("error: --threads must be at least 1", file=sys.stderr)
+            return EXIT_BAD_INPUT
         manifest = build_library(data, book, args.output, args.target, args.threads)
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -85,8 +107,11 @@ def run_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
+        tuned_at = summary["tuned_threads"]
         print(f"built {summary['library']}: {summary['layers']} layers, {summary['kernels']} "
-              f"kernels ({summary['tuned']} tuned, {summary['default']} default configs)")
+              f"kernels ({summary['tuned']} tuned, {summary['default']} default configs), "
+              f"{summary['threads']} thread(s) by default"
+              + (f" (configs tuned at {tuned_at})" if tuned_at else ""))
     return 0
 
 
@@ -122,18 +147,22 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "tuned": sum(k["config_source"] == "tuned" for k in kernels),
         "default": sum(k["config_source"] == "default" for k in kernels),
         "threads": manifest["threads"],
+        "tuned_threads": manifest.get("tuned_threads"),
     }
 
 
 def run_run(args: argparse.Namespace) -> int:
-    data = _read_model(args.model)
+    data = _read_model(args.model, args)
     if data is None:
         return EXIT_BAD_INPUT
-    from tuner_service.deploy.errors import DeployError
+    from tuner_service.deploy.errors import DeployError, FeedError
     from tuner_service.frontend.errors import FrontendError
 
     try:
         report = _execute(data, args)
+    except FeedError as e:  # the user's input arrays or files
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -152,28 +181,55 @@ def run_run(args: argparse.Namespace) -> int:
 
 def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
     from tuner_service.deploy.executor import ModelRunner
+    from tuner_service.deploy.feeds import read_npz, write_npz
     from tuner_service.deploy.loader import read_manifest
     from tuner_service.deploy.timing import time_runs
 
-    threads = args.threads or int(read_manifest(args.library).get("threads", 1))
+    threads = _run_threads(read_manifest(args.library), args.threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before libgomp is loaded
     from tuner_service.deploy.loader import KernelLibrary
 
+    feeds = read_npz(args.inputs) if args.inputs is not None else None
     runner = ModelRunner(data, KernelLibrary(args.library), threads)
-    feeds = runner.random_feeds(args.seed)
+    feeds = runner.random_feeds(args.seed) if feeds is None else feeds
     outputs = runner.run(feeds)
+    if args.outputs is not None:
+        write_npz(args.outputs, outputs)
     stats = time_runs(lambda: runner.run(feeds), args.iterations, args.warmup)
     report: dict[str, Any] = {
         "model": str(args.model), "library": str(args.library), "threads": threads,
+        "inputs": str(args.inputs) if args.inputs is not None else f"random (seed {args.seed})",
         "iterations": stats["iterations"],
         "latency_ms": {k[:-2]: v * 1e3 for k, v in stats.items() if k.endswith("_s")},
         "kernel_layers": len(runner.kernel_steps),
         "numpy_steps": len(runner.steps) - len(runner.kernel_steps),
+        "reference_evaluator": runner.fallback_report(),
         "outputs": {name: list(value.shape) for name, value in outputs.items()},
     }
+    if args.outputs is not None:
+        report["outputs_file"] = str(args.outputs)
+    for row in report["reference_evaluator"]:
+        logger.warning("operator %s ran in onnx's reference evaluator: %d node(s), %.1f%% of "
+                       "the run time", row["op"], row["nodes"], 100 * row["share"])
     if args.check:
         report["check"] = compare_with_onnxruntime(data, feeds, outputs, threads)
     return report
+
+
+def _run_threads(manifest: dict[str, Any], requested: int | None) -> int:
+    """``requested`` (warning when the configs were tuned at another count), else the
+    library's default."""
+    from tuner_service.deploy.errors import DeployError
+
+    if requested is None:
+        return max(1, int(manifest.get("threads", 1)))
+    if requested < 1:
+        raise DeployError("--threads must be at least 1")
+    tuned = manifest.get("tuned_threads")
+    if tuned is not None and int(tuned) != requested:
+        logger.warning("the library's configs were tuned at %s thread(s); running at %d: "
+                       "their speed-ups may not hold", tuned, requested)
+    return requested
 
 
 def compare_with_onnxruntime(data: bytes, feeds: dict[str, Any], outputs: dict[str, Any],

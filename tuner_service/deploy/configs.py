@@ -7,6 +7,12 @@ Accepted inputs (whatever the service hands out):
   "template", "template_version", "config", "mean_cost"}``;
 - JSON lines: measurement records (``GET /api/v1/records``) or AutoTVM-style lines
   (``tuner fetch --format autotvm``); the fastest good result per workload wins.
+
+A config tuned for a workload serves every fused variant of the same base operator
+(``...,epilogue=...`` keys share the base workload's space): the exact key wins, then the base
+key, then the fastest sibling variant. The thread count the configs were measured at (a
+``threads`` field on the document or on an entry) travels with them: ``tuner build`` records it
+and makes it the library's default.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +43,7 @@ class TunedEntry:
     config: Any  # config JSON as the space reads it
     mean_cost: float  # seconds; inf when unknown
     target: str = ""
+    threads: int | None = None  # thread count it was measured at; None: the source did not say
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +54,18 @@ class Choice:
     source: str  # "tuned" or "default"
     tuned_key: str | None  # the workload key whose record was used (may be a base key)
     mean_cost: float | None
+    threads: int | None = None  # thread count the config was tuned at, if known
 
 
 class ConfigBook:
     """Tuned configs by canonical workload key, best (lowest cost) first."""
 
-    def __init__(self, entries: Iterable[TunedEntry] = (), target: str = "llvm") -> None:
+    def __init__(self, entries: Iterable[TunedEntry] = (), target: str = "llvm",
+                 threads: int | None = None) -> None:
         self.target = target
+        self._threads = threads  # the document's own thread count, if it names one
         self._best: dict[str, TunedEntry] = {}
+        self._variants: dict[str, set[str]] = {}  # base key -> keys of its tuned variants
         for entry in entries:
             self.add(entry)
 
@@ -66,15 +78,45 @@ class ConfigBook:
         known = self._best.get(entry.workload)
         if known is None or entry.mean_cost < known.mean_cost:
             self._best[entry.workload] = entry
+        try:
+            base = str(parse_workload(entry.workload).base_key)
+        except ScheduleError:
+            return  # keys from files are checked when read; a hand-made entry may be odd
+        self._variants.setdefault(base, set()).add(entry.workload)
+
+    @property
+    def threads(self) -> int | None:
+        """The thread count these configs were tuned at: the document's, else the one most
+        entries name (a warning when they disagree), else None (unknown)."""
+        if self._threads is not None:
+            return self._threads
+        counts = Counter(e.threads for e in self._best.values() if e.threads is not None)
+        if not counts:
+            return None
+        if len(counts) > 1:
+            logger.warning("the configs were tuned at different thread counts (%s); taking "
+                           "the most common", ", ".join(f"{t}: {n} configs"
+                                                    for t, n in sorted(counts.items())))
+        return counts.most_common(1)[0][0]
+
+    def candidate_keys(self, workload: Workload, fallback_keys: Iterable[str] = ()) -> list[str]:
+        """Keys whose tuned configs fit ``workload``, best match first: its own, the given
+        fallbacks (its base), then every tuned sibling variant of the same base, fastest
+        first."""
+        keys = [workload.key, *fallback_keys]
+        base = str(getattr(workload, "base_key", workload.key))
+        siblings = sorted(self._variants.get(base, ()), key=lambda k: self._best[k].mean_cost)
+        return list(dict.fromkeys([*keys, base, *siblings]))
 
     def entries(self) -> list[TunedEntry]:
         return list(self._best.values())
 
     def choose(self, workload: Workload, template: Template, fallback_keys: Iterable[str] = ()
                ) -> Choice | None:
-        """The tuned config for ``workload`` (or for the first of ``fallback_keys`` that has
-        one, e.g. the unfused base workload, whose space is the same), else None."""
-        for key in (workload.key, *fallback_keys):
+        """The tuned config for ``workload`` (or for the first of ``candidate_keys`` that has
+        one: the unfused base workload or another fused variant, whose space is the same),
+        else None."""
+        for key in self.candidate_keys(workload, fallback_keys):
             entry = self._best.get(key)
             if entry is None:
                 continue
@@ -92,7 +134,7 @@ class ConfigBook:
                 logger.warning("ignoring the tuned config of %s: %s", key, e)
                 continue
             cost = entry.mean_cost if math.isfinite(entry.mean_cost) else None
-            return Choice(config, "tuned", key, cost)
+            return Choice(config, "tuned", key, cost, entry.threads or self._threads)
         return None
 
 
@@ -112,7 +154,21 @@ def load_configs_file(path: Path, target: str = "llvm") -> ConfigBook:
         except json.JSONDecodeError as e:
             raise ConfigSourceError(f"{path} is neither JSON nor JSON lines: {e}") from e
         return ConfigBook(_from_lines(records, path), target)
-    return ConfigBook(entries_from_json(data, str(path)), target)
+    return ConfigBook(entries_from_json(data, str(path)), target,
+                      document_threads(data, str(path)))
+
+
+def document_threads(data: Any, where: str) -> int | None:
+    """The ``threads`` a ``tuner fetch`` document says its job measured at, if any."""
+    value = data.get("threads") if isinstance(data, dict) else None
+    return None if value is None else _threads(value, where)
+
+
+def _threads(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise ConfigSourceError(f"{where}: threads must be a whole number from 1 to 4096, "
+                                f"got {value!r}")
+    return value
 
 
 def entries_from_json(data: Any, where: str) -> list[TunedEntry]:
@@ -124,11 +180,14 @@ def entries_from_json(data: Any, where: str) -> list[TunedEntry]:
     for item in items:
         if not isinstance(item, Mapping):
             raise ConfigSourceError(f"{where}: every entry must be an object")
-        if item.get("config") is None:
-            continue  # a task with nothing measured yet
+        if item.get("config") is None or item.get("match") == "default":
+            continue  # a task with nothing measured yet, or a template default
         cost = item.get("mean_cost", item.get("best_latency_s"))
-        out.append(_entry(item["workload"], item.get("template"), item.get("template_version"),
-                          item["config"], cost, str(item.get("target") or ""), where))
+        entry = _entry(item["workload"], item.get("template"), item.get("template_version"),
+                       item["config"], cost, str(item.get("target") or ""), where)
+        if item.get("threads") is not None:
+            entry = dataclasses.replace(entry, threads=_threads(item["threads"], where))
+        out.append(entry)
     return out
 
 

@@ -7,7 +7,8 @@ Output directory layout:
   pre-packed constants), then the output, then scratch buffers of the listed sizes (zeroed once
   by the caller, reused across calls), then the thread count for its libgomp parallel loop.
   Buffers are dense fp32 arrays; ``elements`` includes slack the kernel may over-read.
-- ``manifest.json``: format version, host CPU, default thread count, and per kernel its symbol,
+- ``manifest.json``: format version, host CPU, default thread count (the one the configs were
+  tuned at unless ``--threads`` says otherwise; ``tuned_threads``), and per kernel its symbol,
   workload key, template and version, config (and whether it was tuned or the default), argument
   order, shapes and sizes; per layer the ONNX nodes it covers and the tensors it reads and writes.
 
@@ -64,10 +65,15 @@ class KernelSpec:
 
 
 def build_library(model: bytes | onnx.ModelProto, book: ConfigBook, out_dir: Path,
-                  target: str = "llvm", threads: int = 1) -> dict[str, Any]:
-    """Compile, link and describe; returns the manifest (also written to ``out_dir``)."""
+                  target: str = "llvm", threads: int | None = None) -> dict[str, Any]:
+    """Compile, link and describe; returns the manifest (also written to ``out_dir``).
+
+    ``threads`` is the library's default run thread count: by default the one the configs
+    were tuned at (1 when they do not say); another count than theirs is a warning."""
     if target_kind(target) != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
+    tuned_threads = book.threads
+    threads = default_threads(threads, tuned_threads)
     proto = load_model(model)
     layers = plan_layers(proto)
     kernels: dict[tuple[str, str, int], KernelSpec] = {}
@@ -83,7 +89,8 @@ def build_library(model: bytes | onnx.ModelProto, book: ConfigBook, out_dir: Pat
         "library": LIBRARY_FILE,
         "target": target,
         "host": host_json(),
-        "threads": max(1, threads),
+        "threads": threads,
+        "tuned_threads": tuned_threads,
         "weights": "packed from the ONNX model at load time (Template.pack)",
         "model": {"graph": proto.graph.name, "plan_sha256": plan_digest(layer_entries)},
         "kernels": [kernel_json(spec) for spec in kernels.values()],
@@ -91,6 +98,18 @@ def build_library(model: bytes | onnx.ModelProto, book: ConfigBook, out_dir: Pat
     }
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def default_threads(requested: int | None, tuned: int | None) -> int:
+    """``requested`` if given (warning when the configs were tuned at another count), else the
+    tuned count, else 1."""
+    if requested is None:
+        return tuned or 1
+    if tuned is not None and requested != tuned:
+        logger.warning("the configs were tuned at %d thread(s); the library defaults to %d: "
+                       "their speed-ups may not hold (tune at %d threads, or omit --threads)",
+                       tuned, requested, requested)
+    return max(1, requested)
 
 
 def host_json() -> dict[str, str]:
@@ -170,6 +189,7 @@ def kernel_json(spec: KernelSpec) -> dict[str, Any]:
         "config_source": spec.choice.source,
         "tuned_key": spec.choice.tuned_key,
         "tuned_latency_s": spec.choice.mean_cost,
+        "tuned_threads": spec.choice.threads,
         "flops": spec.workload.flops(),
         "args": args,
         "workspace_bytes": 4 * sum(b.size + b.slack for b in kernel.workspace),

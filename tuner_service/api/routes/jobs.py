@@ -70,7 +70,7 @@ def get_configs(
         text = "".join(views.autotvm_lines(session, job))
         return PlainTextResponse(text, media_type="application/x-ndjson")
     return {"job_id": job.id, "target": job.target, "status": job.status,
-            "tasks": views.best_configs(session, job)}
+            "threads": job.threads, "tasks": views.best_configs(session, job)}
 
 
 @router.get("/jobs/{job_id}/history", response_model=JobHistory)
