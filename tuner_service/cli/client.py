@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner_service.cli.models import add_input_shape_flag
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -163,8 +165,16 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"error: no such file {path}", file=sys.stderr)
         return 1
 
+    try:
+        data, name = _upload_payload(path)
+    except ValueError as e:  # the frontend's ModelError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
     def action(client: ServiceClient) -> int:
-        model = client.upload_model(path.read_bytes(), path.name)
+        shapes = {"input_shape": args.input_shape} if args.input_shape else None
+        model = client.request("POST", "/models", data=shapes,
+                               files={"file": (name, data, "application/octet-stream")})
         for item in model["unsupported"]:
             print(f"unsupported: {item['op']} ({item['node']}): {item['reason']}")
         job_id = client.create_job(model_id=model["model_id"], target=args.target,
@@ -177,6 +187,16 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
 
     return _with_client(args, action)
+
+
+def _upload_payload(path: Path) -> tuple[bytes, str]:
+    """The model's bytes, or a zip of it and its external data files (which the server
+    accepts as one model); without onnx installed, the file as it is."""
+    try:
+        from tuner_service.frontend.archive import model_upload
+    except ImportError:
+        return path.read_bytes(), path.name
+    return model_upload(path)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -219,6 +239,7 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--trials-per-task", type=int, default=64)
     submit.add_argument("--tuner", default="xgb-transfer")
     submit.add_argument("--wait", action="store_true", help="show live progress until done")
+    add_input_shape_flag(submit)
     _connection_flags(submit)
     submit.set_defaults(func=_submit)
 

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "from an ONNX model, merged by identical workload.",
     )
     extract.add_argument("model", type=Path, metavar="MODEL.onnx")
+    add_input_shape_flag(extract)
     extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
     extract.set_defaults(func=run_extract)
 
@@ -45,17 +46,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sample.set_defaults(func=run_sample_model)
 
 
+def add_input_shape_flag(parser: argparse.ArgumentParser) -> None:
+    """``--input-shape NAME=DIMS``, repeatable (extract, build, run, submit)."""
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME=DIMS",
+        help="pin a dynamic input's shape, e.g. input_ids=1x128 (repeat for each input)")
+
+
+def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    """The parsed ``--input-shape`` flags (None if there are none); ModelError if malformed."""
+    items = getattr(args, "input_shape", None) or []
+    if not items:
+        return None
+    from tuner_service.frontend.shapes import parse_input_shapes
+
+    return parse_input_shapes(items)
+
+
 def run_extract(args: argparse.Namespace) -> int:
     from tuner_service.frontend.errors import ModelError
     from tuner_service.frontend.extract import extract_tasks
 
-    try:
-        data = args.model.read_bytes()
-    except OSError as e:
-        print(f"error: cannot read {args.model}: {e.strerror or e}", file=sys.stderr)
+    if not args.model.is_file():
+        print(f"error: cannot read {args.model}: no such file", file=sys.stderr)
         return EXIT_BAD_MODEL
     try:
-        result = extract_tasks(data)
+        # a path, not bytes: external data files are read from the model's folder
+        result = extract_tasks(args.model, input_shapes(args))
     except ModelError as e:
         print(f"error: {args.model}: {e}", file=sys.stderr)
         return EXIT_BAD_MODEL

@@ -228,3 +228,15 @@ def pack_model(path: Path) -> bytes | None:
     logger.info("packed %s with %d data files (%d bytes)", path.name, len(locations),
                 buffer.tell())
     return buffer.getvalue()
+
+
+def model_upload(path: Path) -> tuple[bytes, str]:
+    """What to upload for the model at ``path``: its bytes and name, or, when its tensors live
+    in files beside it, a zip of it and those files (``NAME.zip``)."""
+    packed = pack_model(path)
+    if packed is None:
+        try:
+            return path.read_bytes(), path.name
+        except OSError as e:
+            raise ModelError(f"cannot read {path}: {e.strerror or e}") from e
+    return packed, f"{path.stem}.zip"
