@@ -83,7 +83,9 @@ def test_wide_tile_over_rows_and_channels():
 @pytest.mark.parametrize(("key", "vector"), [
     ("group_conv2d:N=1,C=512,H=14,W=14,K=512,R=3,S=3,pad=1,groups=32", "k"),  # ResNeXt
     ("group_conv2d:N=1,C=128,H=56,W=56,K=128,R=3,S=3,pad=1,groups=32", "w"),  # 4 per group
-    ("group_conv2d:N=1,C=48,H=56,W=56,K=48,R=3,S=3,stride=2,pad=1,groups=6", "w"),  # RegNet
+    ("group_conv2d:N=1,C=48,H=56,W=56,K=48,R=3,S=3,stride=2,pad=1,groups=6", "k"),  # RegNet
+    ("group_conv2d:N=1,C=48,H=28,W=28,K=48,R=3,S=3,pad=1,groups=6", "w"),
+    ("group_conv2d:N=1,C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1,groups=32", "w"),
     ("group_conv2d:N=1,C=64,H=1,W=100,K=64,R=1,S=5,pad=0x2x0x2,groups=4", "k"),
 ])
 def test_default_vectorizes_whole_groups_or_rows(key, vector):
