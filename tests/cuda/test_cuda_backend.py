@@ -210,7 +210,9 @@ def test_measures_verifies_and_times_with_events(gpu: FakeGpu):
 
 
 @pytest.mark.parametrize("key", ["conv2d:N=1,C=3,H=8,W=8,K=8,R=3,S=3,pad=1",
-                                 "depthwise_conv2d:N=1,C=4,H=9,W=9,R=3,S=3,stride=2,pad=1"])
+                                 "depthwise_conv2d:N=1,C=4,H=9,W=9,R=3,S=3,stride=2,pad=1",
+                                 "group_conv2d:N=1,C=8,H=7,W=9,K=12,R=3,S=3,stride=2,pad=1,"
+                                 "groups=4,epilogue=scale+bias+residual+relu"])
 def test_other_templates_through_the_backend(gpu: FakeGpu, key: str):
     task = make_task(key=key)
     gpu.executor = host_executor(task)
@@ -280,6 +282,8 @@ def _real_gpu() -> str | None:
 @pytest.mark.skipif(_real_gpu() is not None, reason=f"needs an NVIDIA GPU: {_real_gpu()}")
 @pytest.mark.parametrize("key", [KEY, "conv2d:N=1,C=16,H=14,W=14,K=32,R=3,S=3,pad=1",
                                  "depthwise_conv2d:N=1,C=8,H=14,W=14,R=3,S=3,pad=1",
+                                 "group_conv2d:N=1,C=64,H=15,W=15,K=64,R=3,S=3,stride=2,"
+                                 "pad=1,groups=8,epilogue=bias+relu",
                                  "batch_matmul:B=2,M=33,N=40,K=17"])
 def test_real_gpu_matches_numpy(key: str):
     from workers.backends.cuda import gpu_facts, target_for
