@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import io
+import re
 import stat
 import tarfile
 import zipfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,8 +118,6 @@ def test_bad_archives_get_422(client: TestClient, tokens: dict[str, str],
     status, body = upload(client, tokens["user"], build(members, make))
     assert status == 422, body
     assert body["detail"].startswith("cannot read the model")
-    import re
-
     assert re.search(reason, body["detail"]), body["detail"]
 
 
@@ -204,6 +202,6 @@ def test_bad_pinned_shapes_get_422(client: TestClient, tokens: dict[str, str],
 
 
 def test_archive_with_pinned_shapes(client: TestClient, tokens: dict[str, str],
-                                    members: dict[str, bytes], tmp_path: Path) -> None:
+                                    members: dict[str, bytes]) -> None:
     status, body = upload(client, tokens["user"], make_zip(members), shapes=["x=1x3x8x8"])
     assert status == 201 and [t["workload"] for t in body["tasks"]] == [CONV_KEY]
