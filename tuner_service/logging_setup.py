@@ -95,3 +95,13 @@ def uvicorn_log_config(log_format: str) -> dict[str, Any] | None:
         "loggers": {name: {"handlers": [], "propagate": True}
                     for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
     }
+
+
+#: libraries that log every request or migration step at INFO; kept at WARNING unless ``-v``
+QUIET_LIBRARIES = ("httpx", "httpcore", "alembic", "multipart", "urllib3")
+
+
+def quiet_libraries(level: int = logging.WARNING) -> None:
+    """Raise chatty third-party loggers to ``level`` (HTTP request lines, Alembic steps)."""
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(level)

@@ -124,8 +124,17 @@ class JobConfigs(BaseModel):
 class HistoryPoint(BaseModel):
     trial: int
     measure_id: int
+class JobHealth(BaseModel):
+    """Why an active job makes no progress: ``no_workers`` or ``failing``."""
+
+    state: str
+    message: str
+
+
     config_index: int
     gflops: float
+    #: set while an active job is stuck (no worker online, every recent result failed)
+    health: JobHealth | None = None
     latency_s: float | None
     error_kind: int | None
     error_message: str

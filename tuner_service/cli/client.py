@@ -14,59 +14,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner_service.cli import tables
 from tuner_service.cli.models import add_input_shape_flag
+from tuner_service.tuning.remote import (
+    DEFAULT_SERVER,
+    FINAL,
+    ClientError,
+    JobProgress,
+    ServiceClient,
+)
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-FINAL = ("done", "failed", "cancelled")
-
-
-class ClientError(Exception):
-    """A request the server refused or could not be reached for; the message says which."""
-
-
-class ServiceClient:
-    def __init__(self, server: str, token: str | None, timeout_s: float = 120.0) -> None:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.server = server.rstrip("/")
-        self._http = httpx.Client(base_url=self.server + "/api/v1", headers=headers,
-                                  timeout=timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
-
-        try:
-            answer = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as e:
-            raise ClientError(f"cannot reach the server at {self.server}: {e}") from e
-        if answer.status_code >= 400:
-            try:
-                detail = answer.json().get("detail", answer.text)
-            except ValueError:
-                detail = answer.text
-            raise ClientError(f"HTTP {answer.status_code}: {detail}")
-        if answer.headers.get("content-type", "").startswith("application/json"):
-            return answer.json()
-        return answer.text
-
-    def upload_model(self, data: bytes, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request(
-            "POST", "/models", files={"file": (name, data, "application/octet-stream")})
-        return result
-
-    def create_job(self, **fields: Any) -> int:
-        body = {k: v for k, v in fields.items() if v is not None}
-        return int(self.request("POST", "/jobs", json=body)["job_id"])
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = self.request("GET", f"/jobs/{job_id}")
-        return result
+__all__ = ["DEFAULT_SERVER", "FINAL", "ClientError", "ServiceClient", "resolve_server",
+           "wait_for"]
 
 
 def resolve_server(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -85,64 +46,44 @@ def resolve_server(args: argparse.Namespace) -> tuple[str, str | None]:
     return server, args.token or env_token or saved.get("token")
 
 
-def render_progress(status: dict[str, Any]) -> Any:
-    """A rich table of per-task progress (or plain text without rich)."""
-    try:
-        from rich.table import Table
-    except ImportError:
-        return plain_progress(status)
-    table = Table(title=f"job {status['job_id']}: {status['status']} ({status['target']})")
-    for column in ("task", "workload", "weight", "trials", "best GFLOPS", "latency (ms)",
-                   "status"):
-        if column == "workload":
-            table.add_column(column, overflow="fold", ratio=1)
-        else:
-            table.add_column(column, justify="right", no_wrap=True)
-    for task in status["tasks"]:
-        gflops, latency = task.get("best_gflops"), task.get("best_latency_s")
-        table.add_row(
-            str(task["task_id"]), task["workload"], str(task["weight"]),
-            f"{task['trials_done']}/{task['trials_budget']}",
-            f"{gflops:.1f}" if gflops else "-", f"{latency * 1e3:.3f}" if latency else "-",
-            task["status"])
-    return table
-
-
-def plain_progress(status: dict[str, Any]) -> str:
-    lines = [f"job {status['job_id']}: {status['status']}"]
-    for task in status["tasks"]:
-        gflops = task.get("best_gflops")
-        lines.append(f"  {task['task_id']:>5} {task['workload']:<60} "
-                     f"{task['trials_done']:>5}/{task['trials_budget']:<5} "
-                     f"{(f'{gflops:.1f}' if gflops else '-'):>9} GFLOPS  {task['status']}")
-    return "\n".join(lines)
-
-
 def print_status(status: dict[str, Any]) -> None:
-    try:
+    progress = JobProgress.from_json(status)
+    if tables.interactive():
         from rich.console import Console
-    except ImportError:
-        print(plain_progress(status))
-        return
-    Console().print(render_progress(status))
+
+        Console().print(tables.rich_table(progress))
+    else:
+        print(tables.plain_table(progress))
 
 
 def wait_for(client: ServiceClient, job_id: int, interval_s: float = 1.0) -> dict[str, Any]:
-    """Show live per-task progress until the job ends; returns the final status."""
+    """Show live per-task progress until the job ends; returns the final status.
+
+    On a terminal the table redraws in place; redirected, one summary line is printed when the
+    trial count or the job's health changes (at most every 10 s), then the final table."""
     status = client.job(job_id)
-    try:
+    if tables.interactive():
         from rich.live import Live
-    except ImportError:
-        while status["status"] not in FINAL:
-            print(plain_progress(status), flush=True)
-            time.sleep(interval_s)
-            status = client.job(job_id)
+
+        with Live(tables.rich_table(JobProgress.from_json(status)), refresh_per_second=4) as live:
+            while status["status"] not in FINAL:
+                time.sleep(interval_s)
+                status = client.job(job_id)
+                live.update(tables.rich_table(JobProgress.from_json(status)))
         return status
-    with Live(render_progress(status), refresh_per_second=4) as live:
-        while status["status"] not in FINAL:
-            time.sleep(interval_s)
-            status = client.job(job_id)
-            live.update(render_progress(status))
+    last: tuple[int, str | None] | None = None
+    printed = 0.0
+    while status["status"] not in FINAL:
+        progress = JobProgress.from_json(status)
+        seen = (progress.trials_done, progress.health)
+        if last is None or (seen != last and time.monotonic() - printed >= 10):
+            print(f"{tables.title(progress)}: {progress.trials_done}/{progress.trials_budget} "
+                  f"trials" + (f" (note: {progress.health})" if progress.health else ""),
+                  flush=True)
+            last, printed = seen, time.monotonic()
+        time.sleep(interval_s)
+        status = client.job(job_id)
+    print(tables.plain_table(JobProgress.from_json(status)), flush=True)
     return status
 
 
@@ -163,7 +104,7 @@ def _submit(args: argparse.Namespace) -> int:
     path = Path(args.model)
     if not path.is_file():
         print(f"error: no such file {path}", file=sys.stderr)
-        return 1
+        return 2
 
     try:
         data, name = _upload_payload(path)

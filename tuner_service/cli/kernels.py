@@ -1,4 +1,5 @@
-"""Kernel commands that need no server: ``space``, ``codegen``, ``measure``, ``tune``."""
+"""Kernel commands that need no server: ``space``, ``codegen``, ``measure``, and the one-workload
+form of ``tune`` (``cli/tune.py`` parses it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from schedule_templates.errors import ScheduleError
+from schedule_templates.errors import InvalidConfigError, ScheduleError
 from schedule_templates.records import MeasureOptions, MeasureResult
 from schedule_templates.space import Config
 
@@ -30,21 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_measure)
-
-    p = sub.add_parser("tune", help="tune one workload locally, in this process")
-    _workload_args(p)
-    p.add_argument("--trials", type=int, required=True)
-    p.add_argument("--tuner", default="xgb")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--records", metavar="FILE",
-                   help="xgb-transfer: measurement records (JSON lines from GET /api/v1/records, "
-                        "--save-records or AutoTVM logs) of other workloads to start from")
-    p.add_argument("--save-records", metavar="FILE",
-                   help="append every measured config to FILE as JSON lines (for --records)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_tune)
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
@@ -69,6 +55,12 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Config]:
     space = template.space(workload)
     if getattr(args, "config_index", None) is not None:
         config = space.get(args.config_index)
+        if not space.is_valid(config.index):
+            share = valid_share(space)
+            raise InvalidConfigError(
+                f"config {config.index} is filtered out by {template.name} (it keeps about "
+                f"{share:.0%} of the indices; `tuner space {workload.key}` says more); try "
+                f"--config-index {first_valid(space, config.index)} or --default")
     elif getattr(args, "config", None):
         try:
             data = json.loads(args.config)
@@ -78,6 +70,28 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Config]:
     else:
         config = template.default_config(workload)
     return workload, template, config
+
+
+def valid_share(space: Any, samples: int = 2000) -> float:
+    """The share of indices the template's constraint keeps: exact for small spaces, else
+    estimated from a fixed random sample (the same answer every run)."""
+    import numpy as np
+
+    if space.size <= samples:
+        indices = list(range(space.size))
+    else:
+        rng = np.random.default_rng(0)
+        indices = [space.random_index(rng) for _ in range(samples)]
+    return sum(space.is_valid(i) for i in indices) / len(indices)
+
+
+def first_valid(space: Any, start: int) -> int:
+    """The nearest index at or after ``start`` (wrapping) that the template keeps."""
+    for offset in range(space.size):
+        index = (start + offset) % space.size
+        if space.is_valid(index):
+            return index
+    return start
 
 
 def _fail(error: Exception) -> int:
@@ -95,15 +109,19 @@ def cmd_space(args: argparse.Namespace) -> int:
     except ScheduleError as e:
         return _fail(e)
     space = template.space(workload)
+    share = valid_share(space)
     info = {"workload": workload.key, "target": args.target, "template": template.name,
-            "template_version": template.version, "size": space.size, "knobs": space.describe()}
+            "template_version": template.version, "size": space.size, "valid_share": share,
+            "knobs": space.describe()}
     if args.json:
         print(json.dumps(info))
         return 0
     print(f"{workload.describe()}  [{template.name} v{template.version}]")
     for knob in info["knobs"]:
         print(f"  {knob['name']:<14} {knob['kind']}  {knob['size']:>6} values")
-    print(f"space size: {space.size:,}")
+    estimated = "" if space.size <= 2000 else "about "
+    print(f"space size: {space.size:,} indices, of which the template keeps {estimated}"
+          f"{share:.0%}\n(it filters out the rest; `tuner codegen` refuses those indices)")
     return 0
 
 
@@ -168,7 +186,8 @@ def _result_json(key: str, target: str, config: Config, result: MeasureResult, f
     }
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def tune_workload(args: argparse.Namespace) -> int:
+    """``tuner tune KEY``: tune one workload in this process (``args`` from ``cli/tune.py``)."""
     from schedule_templates.templates.base import get_template
     from schedule_templates.workloads import parse_workload
     from tuner_service.tuners import TRANSFER_TUNERS, make_tuner

@@ -19,10 +19,12 @@ import logging
 import sys
 
 from tuner_service import logging_setup
+from tuner_service.cli.errors import EXIT_BAD_INPUT, user_error
 
 # Command-group modules, in help order.
 _GROUPS = (
-    "tuner_service.cli.kernels",  # space, codegen, measure, tune
+    "tuner_service.cli.kernels",  # space, codegen, measure
+    "tuner_service.cli.tune",  # tune (a model or one workload)
     "tuner_service.cli.models",  # extract, sample-model
     "tuner_service.cli.server",  # serve, db, token, up
     "tuner_service.cli.client",  # submit, status, fetch
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: long-running services log at INFO by default; one-shot commands only warn (``-v``: debug)
+_SERVICES = ("serve", "worker", "refresh")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -56,12 +62,33 @@ def main(argv: list[str] | None = None) -> int:
         args.log_format = logging_setup.resolve_format(args.log_format)
     except ValueError as e:
         parser.error(str(e))
-    logging_setup.configure(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
+    level = logging.INFO if args.command in _SERVICES else logging.WARNING
+    logging_setup.configure(args.log_format, logging.DEBUG if args.verbose else level)
+    if not args.verbose:
+        logging_setup.quiet_libraries()
     try:
         code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_stdout()
+    except Exception as e:
+        message = user_error(e)
+        if message is None:
+            raise  # a bug: the traceback is the report
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return int(code or 0)
+
+
+def _closed_stdout() -> int:
+    """The reader went away (``tuner codegen ... | head -1``): stop quietly, as cat does, and
+    keep Python from failing again when it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
 
 
 if __name__ == "__main__":

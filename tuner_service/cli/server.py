@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
-import socket
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +19,13 @@ logger = logging.getLogger(__name__)
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Any:
+    from tuner_service.cli.errors import check_database_url
     from tuner_service.settings import get_settings
 
-    if not getattr(args, "verbose", False):
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # per-plugin INFO lines
-
-    return get_settings().with_overrides(database_url=getattr(args, "database", None), **extra)
+    settings = get_settings().with_overrides(database_url=getattr(args, "database", None),
+                                             **extra)
+    check_database_url(settings.resolved_database_url)
+    return settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -81,7 +77,8 @@ def _token_create(args: argparse.Namespace) -> int:
     db = Database(_settings(args).resolved_database_url)
     try:
         with db.session() as session:
-            token, secret = auth.create_token(session, args.role, args.name or "")
+            token, secret = auth.create_token(session, args.role, args.name or "",
+                                              device_key=args.device_key)
     except TunerServiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -94,154 +91,61 @@ def _token_create(args: argparse.Namespace) -> int:
 
 # ---- tuner up ---------------------------------------------------------------------------------
 
-def _free_port(host: str, wanted: int) -> int:
-    with socket.socket() as sock:
+def _model_bytes(model: str) -> tuple[bytes, str]:
+    """A path to an ONNX file, else the name of a built-in sample model."""
+    path = Path(model)
+    if path.suffix.lower() == ".onnx" or path.exists():
         try:
-            sock.bind((host, wanted))
-            return wanted
-        except OSError:
-            sock.bind((host, 0))
-            return int(sock.getsockname()[1])
+            return path.read_bytes(), path.name
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from e
+    from tuner_service.frontend.samples import SAMPLE_MODELS, sample_model_bytes
 
-
-def _embedded_tokens(settings: Any) -> dict[str, str]:
-    """Reuse the saved admin/worker tokens when the database still knows them."""
-    from tuner_service import auth
-    from tuner_service.db.engine import Database
-
-    path: Path = settings.client_file
-    saved: dict[str, str] = {}
-    if path.exists():
-        with contextlib.suppress(ValueError):
-            saved = json.loads(path.read_text())
-    db = Database(settings.resolved_database_url)
-    try:
-        with db.session() as session:
-            tokens = {}
-            for key, role in (("token", "admin"), ("worker_token", "worker")):
-                secret = saved.get(key)
-                if not secret or auth.authenticate(session, secret) is None:
-                    secret = auth.create_token(session, role, f"tuner up ({role})")[1]
-                tokens[key] = secret
-    finally:
-        db.dispose()
-    return tokens
-
-
-def _save_client_file(settings: Any, server_url: str, tokens: dict[str, str]) -> None:
-    path: Path = settings.client_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"server_url": server_url, **tokens}, indent=2))
-    path.chmod(0o600)
-
-
-@contextlib.contextmanager
-def _server_thread(settings: Any) -> Iterator[str]:
-    import uvicorn
-
-    from tuner_service.api import create_app
-
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                            log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start; see the log above")
-        time.sleep(0.05)
-    try:
-        yield f"http://{settings.host}:{settings.port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
-
-
-@contextlib.contextmanager
-def _worker_process(server_url: str, token: str, threads: int | None, log_path: Path
-                    ) -> Iterator[subprocess.Popen[bytes] | None]:
-    try:
-        import tuner_service.cli.worker  # noqa: F401
-    except ImportError:
-        print("warning: `tuner worker` is not installed here; no local worker started",
-              file=sys.stderr)
-        yield None
-        return
-    command = [sys.executable, "-m", "tuner_service.cli.main", "worker", "--server", server_url,
-               "--token", token, "--device-key", "local", "--target", "llvm"]
-    if threads:
-        command += ["--threads", str(threads)]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _sample_model(name: str) -> bytes:
-    try:
-        from tuner_service.frontend.samples import build_sample_model
-    except ImportError as e:
-        raise RuntimeError(f"the ONNX frontend is not installed ({e}); cannot build {name}") from e
-    return bytes(build_sample_model(name).SerializeToString())
+    if model not in SAMPLE_MODELS:
+        raise ValueError(f"--model {model!r} is neither an ONNX file nor a sample model "
+                         f"({', '.join(SAMPLE_MODELS)})")
+    return sample_model_bytes(model), f"{model}.onnx"
 
 
 def _up(args: argparse.Namespace) -> int:
-    from tuner_service.db.migrate import upgrade
+    from tuner_service.tuning.embedded import LocalWorkers, local_service
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
     threads = args.threads or os.cpu_count() or 1
-    base = _settings(args, data_dir=args.data_dir, host="127.0.0.1")
-    settings = base.with_overrides(port=_free_port(base.host, args.port))
-    upgrade(settings.resolved_database_url)
-    tokens = _embedded_tokens(settings)
     try:
-        model = _sample_model(args.model)
-    except (RuntimeError, ValueError) as e:
+        model = _model_bytes(args.model)
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    with _server_thread(settings) as url:
-        _save_client_file(settings, url, tokens)
-        print(f"server on {url} (database {settings.resolved_database_url})")
-        log_path = settings.data_dir / "worker.log"
-        with _worker_process(url, tokens["worker_token"], threads, log_path) as worker:
-            if worker is None and not args.no_wait:
-                print("error: no worker to measure with; start one with `tuner worker`",
-                      file=sys.stderr)
-                return 1
-            print(f"local worker log: {log_path}")
-            code = _run_sample_job(args, url, tokens["token"], model, threads)
-        if code == 0 and args.serve:
-            print("serving until Ctrl-C")
+        return 2
+    settings = _settings(args, data_dir=args.data_dir, host="127.0.0.1", port=args.port)
+    workers = LocalWorkers(count=1, threads=threads, parallel_build=os.cpu_count() or 1,
+                           verbose=args.verbose)
+    with local_service(settings, workers) as service:
+        print(f"server on {service.url} (database {service.database_url})")
+        print(f"local worker log: {service.worker_logs[0]}")
+        code = _run_job(args, service.url, service.token, model, threads)
+        if args.serve or args.no_wait:
+            print(f"dashboard: {service.url}/  serving until Ctrl-C", flush=True)
             _serve_forever()
+        else:
+            print("the server stopped with the job; `tuner up --serve` keeps it running, and "
+                  "`tuner tune MODEL.onnx` tunes, builds and compares a model without one")
     return code
 
 
-def _run_sample_job(args: argparse.Namespace, url: str, token: str, model: bytes,
-                    threads: int) -> int:
-    """Upload the sample, tune it, show progress; with --no-wait serve until Ctrl-C instead."""
+def _run_job(args: argparse.Namespace, url: str, token: str, model: tuple[bytes, str],
+             threads: int) -> int:
+    """Upload the model and tune it, showing progress (with --no-wait: submit only)."""
     from tuner_service.cli.client import ClientError, ServiceClient, wait_for
 
     client = ServiceClient(url, token)
     try:
-        uploaded = client.upload_model(model, f"{args.model}.onnx")
+        uploaded = client.upload_model(*model)
         job_id = client.create_job(
             model_id=uploaded["model_id"], target="llvm", device_key="local",
             trials_per_task=args.trials_per_task, tuner=args.tuner, threads=threads)
-        print(f"job {job_id}: {args.model}, {len(uploaded['tasks'])} tasks, "
-              f"{args.trials_per_task} trials each")
+        print(f"job {job_id}: {model[1]}, {len(uploaded['tasks'])} tasks, "
+              f"{args.trials_per_task} trials each; dashboard {url}/jobs/{job_id}", flush=True)
         if args.no_wait:
-            print(f"dashboard: {url}/  (Ctrl-C to stop)")
-            _serve_forever()
             return 0
         final = wait_for(client, job_id)
     except ClientError as e:
@@ -249,7 +153,6 @@ def _run_sample_job(args: argparse.Namespace, url: str, token: str, model: bytes
         return 1
     finally:
         client.close()
-    print(f"\ndashboard: {url}/   configs: tuner fetch {job_id} --server {url}")
     return 0 if final["status"] == "done" else 1
 
 
@@ -281,6 +184,8 @@ def register(subparsers: Any) -> None:
     create = token_sub.add_parser("create", help="create a token and print it once")
     create.add_argument("--role", required=True, choices=("admin", "user", "worker"))
     create.add_argument("--name", default=None)
+    create.add_argument("--device-key", default=None,
+                        help="worker tokens: register workers for this device key only")
     create.add_argument("--database", default=None)
     create.set_defaults(func=_token_create)
 
@@ -290,9 +195,10 @@ def register(subparsers: Any) -> None:
 def _register_up(subparsers: Any) -> None:
     up = subparsers.add_parser("up", help="one machine: server + local worker + sample model")
     up.add_argument("--trials-per-task", type=int, default=16)
-    up.add_argument("--model", default="resnet18", help="a sample model name")
+    up.add_argument("--model", default="resnet18",
+                    help="an ONNX file or a sample model name (default resnet18)")
     up.add_argument("--tuner", default="xgb-transfer")
-    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--port", type=int, default=8000, help="default 8000, else any free port")
     up.add_argument("--threads", type=int, default=None,
                     help="threads per measurement (default: all cores)")
     up.add_argument("--data-dir", type=Path, default=None)

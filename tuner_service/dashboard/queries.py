@@ -17,6 +17,7 @@ from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task, TuningLogEntry
 from tuner_service.jobs import log
+from tuner_service.jobs.health import job_health
 from tuner_service.jobs.views import iso, job_summary
 
 #: the columns of one point, in the order each point's list holds them
@@ -169,6 +170,7 @@ def worker_stats(session: Session, heartbeat_s: float) -> list[dict[str, Any]]:
         select(Measurement.worker_id, Measurement.error_kind, func.count(),
                func.sum(case((recent, 1), else_=0)))
         .where(Measurement.worker_id.is_not(None), Measurement.state == "done",
+        "health": job_health(session, job),
                Measurement.finished_at >= utcnow_plus(-ERROR_WINDOW_S))
         .group_by(Measurement.worker_id, Measurement.error_kind)
     ).all()

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.models import Job, JobTask, Measurement, Task
+from tuner_service.jobs.health import job_health
 from tuner_service.jobs.results import measurement_result
 
 AUTOTVM_LOG_VERSION = 0.2
@@ -69,7 +70,7 @@ def job_summary(job: Job) -> dict[str, Any]:
 
 def job_status(session: Session, job: Job) -> dict[str, Any]:
     tasks = [task_status(jt, task) for jt, task in job_tasks(session, job.id)]
-    return {**job_summary(job), "tasks": tasks}
+    return {**job_summary(job), "tasks": tasks, "health": job_health(session, job)}
 
 
 def list_jobs(session: Session, limit: int = 100) -> list[dict[str, Any]]:

@@ -107,7 +107,8 @@ function header(job) {
       <a class="button" href="/api/v1/jobs/${job.job_id}/configs" data-auth-download="job-${job.job_id}-configs.json">Best configs (JSON)</a>
       <a class="button" href="/api/v1/jobs/${job.job_id}/configs?format=autotvm" data-auth-download="job-${job.job_id}-autotvm.jsonl">AutoTVM log</a>
     </div>
-    ${job.message ? `<p class="notice" style="flex-basis:100%">${esc(job.message)}</p>` : ""}`;
+    ${job.message ? `<p class="notice" style="flex-basis:100%">${esc(job.message)}</p>` : ""}
+    ${job.health ? `<p class="notice health" style="flex-basis:100%">${esc(job.health.message)}</p>` : ""}`;
 }
 
 function kpis(state) {
