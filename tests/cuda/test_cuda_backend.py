@@ -270,16 +270,19 @@ def test_registration_reports_the_gpu(gpu: FakeGpu):
 
 
 def _real_gpu() -> str | None:
+    """None when a GPU can run the test, else why not (a missing pycuda is not a missing GPU)."""
     try:
         import pycuda.driver as drv
-
+    except ImportError:
+        return "pycuda is not installed (pip install '.[cuda]')"
+    try:
         drv.init()
-        return None if drv.Device.count() else "no CUDA device"
-    except Exception as e:  # ImportError, or the driver's own error without a GPU
-        return f"no usable CUDA GPU ({type(e).__name__})"
+        return None if drv.Device.count() else "the CUDA driver sees no device"
+    except Exception as e:  # the driver's own error: no driver, no GPU
+        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
 
 
-@pytest.mark.skipif(_real_gpu() is not None, reason=f"needs an NVIDIA GPU: {_real_gpu()}")
+@pytest.mark.skipif(_real_gpu() is not None, reason=f"real-GPU test: {_real_gpu()}")
 @pytest.mark.parametrize("key", [KEY, "conv2d:N=1,C=16,H=14,W=14,K=32,R=3,S=3,pad=1",
                                  "depthwise_conv2d:N=1,C=8,H=14,W=14,R=3,S=3,pad=1",
                                  "group_conv2d:N=1,C=64,H=15,W=15,K=64,R=3,S=3,stride=2,"

@@ -17,6 +17,7 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from tuner_service import auth
+from tuner_service.api.docs import install_docs
 from tuner_service.api.errors import install_error_handlers
 from tuner_service.api.limits import FRAMING_SLACK, BodyLimit
 from tuner_service.api.metrics import install_metrics
@@ -38,6 +39,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Learned-cost-model autotuning: submit models, measure on workers, fetch configs",
         version="0.1.0",
         lifespan=_lifespan,
+        docs_url=None,  # served from local files: api/docs.py
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = Database(settings.resolved_database_url)
@@ -48,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (models.router, jobs.router, workers.router, shared.router, refresh.router):
         app.include_router(router, prefix=API_PREFIX)
     _mount_dashboard(app)
+    install_docs(app)
     return app
 
 
