@@ -61,10 +61,11 @@ def tune(model: str | Path | bytes, output: str | Path, *, trials_per_task: int 
 
 
 def build(model: str | Path | bytes, configs: str | Path | None, output: str | Path, *,
-          threads: int = 1) -> Path:
+          threads: int | None = None) -> Path:
     """Compile every tunable layer with its best config from ``configs`` (``configs.json``
     of ``tune``, ``tuner fetch`` JSON or records; None: template defaults) into
-    ``output/libmodel.so`` plus ``output/manifest.json``; returns ``output``."""
+    ``output/libmodel.so`` plus ``output/manifest.json``; returns ``output``. ``threads``:
+    the library's default run count (default: the count the configs were tuned at)."""
     from tuner_service.deploy.configs import ConfigBook, load_configs_file
     from tuner_service.deploy.library import build_library
 
