@@ -54,6 +54,11 @@ class MeasureResult:
     error_message: str = ""
     compile_time_s: float = 0.0
     wall_time_s: float = 0.0
+    #: the machine was not quiet during the kept timed run (another process's load or a
+    #: frequency drift), even after measuring again
+    noisy: bool = False
+    #: cores used by other processes during the kept timed run (None: not probed)
+    load: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -62,6 +67,13 @@ class MeasureResult:
     @property
     def mean_cost(self) -> float:
         return sum(self.costs) / len(self.costs) if self.costs else math.inf
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / fastest sample; 0.0 with fewer than two samples."""
+        if len(self.costs) < 2 or min(self.costs) <= 0:
+            return 0.0
+        return (max(self.costs) - min(self.costs)) / min(self.costs)
 
     def gflops(self, flops: int) -> float:
         return flops / self.mean_cost / 1e9 if self.ok else 0.0
@@ -73,6 +85,9 @@ class MeasureResult:
             "error_message": self.error_message,
             "compile_time_s": self.compile_time_s,
             "wall_time_s": self.wall_time_s,
+            "spread": self.spread,
+            "noisy": self.noisy,
+            "load": self.load,
         }
 
     @classmethod
@@ -83,9 +98,21 @@ class MeasureResult:
             error_message=str(data.get("error_message", "")),
             compile_time_s=float(data.get("compile_time_s", 0.0)),
             wall_time_s=float(data.get("wall_time_s", 0.0)),
+            noisy=bool(data.get("noisy", False)),
+            load=_load(data.get("load")),
         )
 
     @classmethod
     def failure(cls, error: ErrorKind, message: str, **times: float) -> MeasureResult:
         # Messages travel to the server and the dashboard: keep them bounded.
-        return cls(costs=(), error=error, error_message=message[-2000:], **times)
+        return cls(costs=(), error=error, error_message=message[-2000:],
+                   compile_time_s=times.get("compile_time_s", 0.0),
+                   wall_time_s=times.get("wall_time_s", 0.0))
+
+
+def _load(value: object) -> float | None:
+    """A probed load: a finite, non-negative number of cores, else unknown."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    load = float(value)
+    return load if math.isfinite(load) and load >= 0 else None

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     task_scheduler: Literal["gradient", "round-robin"] = "gradient"
     #: a task stops once its best has not improved by 1% for this many trials (0: never)
     early_stop: int = Field(default=0, ge=0)
+    #: before a task's best is stored, its this many fastest configs (plus the default and the
+    #: best known one) are measured again, interleaved, ``confirm_rounds`` times (0: off)
+    confirm_top: int = Field(default=3, ge=0, le=64)
+    confirm_rounds: int = Field(default=2, ge=0, le=16)
     driver_lease_s: float = Field(default=30.0, gt=0)
     run_driver: bool = True
 

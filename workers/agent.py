@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from schedule_templates.records import ErrorKind, MeasureResult
-from workers.backends import BackendSpec
+from workers.backends import BackendSpec, backend_class
 from workers.backoff import Backoff
 from workers.client import ServerClient
+from workers.device_class import DeviceClass, DeviceClassError
 from workers.errors import ProtocolError, ServerRejected, ServerUnavailable, WorkerError
-from workers.hardware import accelerator_facts, cpu_facts, software_versions
+from workers.hardware import accelerator_facts, cpu_facts, device_class, software_versions
 from workers.heartbeat import Heartbeat, HeldItems
 from workers.measure.pool import IsolatedMeasurer
 from workers.peak import PeakGauge
@@ -53,6 +54,8 @@ class Agent:
         self.stop = stop
         self.held = HeldItems()
         self.worker_id = ""
+        #: the normalised device class every result is reported with (set at registration)
+        self.device_class = ""
         self.heartbeat_s = 10.0
         self.measured = 0
         self.peaks = peaks
@@ -83,15 +86,22 @@ class Agent:
     # -- server calls with retries ---------------------------------------------------------------
 
     def _register(self) -> bool:
+        options = dict(self.settings.backend_options)
+        hardware = {**cpu_facts(), "threads": self._max_threads(),
+                    "parallel_build": self.settings.parallel_build,
+                    **self._peak_facts(),
+                    **accelerator_facts(self.settings.backend, options)}
+        declared = backend_class(self.settings.backend).declared_device_class(options)
+        try:
+            self.device_class = device_class(hardware, declared).id
+        except DeviceClassError as e:  # a mistyped --backend-option device_class=...
+            raise WorkerError(str(e)) from e
+        hardware["device_class"] = DeviceClass.parse(self.device_class).to_json()
         body = {
             "device_key": self.settings.device_key,
             "target": self.settings.target,
             "name": self.settings.name,
-            "hardware": {**cpu_facts(), "threads": self._max_threads(),
-                         "parallel_build": self.settings.parallel_build,
-                         **self._peak_facts(),
-                         **accelerator_facts(self.settings.backend,
-                                             dict(self.settings.backend_options))},
+            "hardware": hardware,
             "software": {**software_versions(), "backend": self.settings.backend},
         }
         answer = self._retry("register", lambda: self.client.register(body))
@@ -100,8 +110,9 @@ class Agent:
         self.worker_id = str(answer["worker_id"])
         lease_s = float(answer.get("lease_s") or 30.0)
         self.heartbeat_s = float(answer.get("heartbeat_s") or lease_s / 3)
-        logger.info("registered as worker %s (device key %s, target %s)",
-                    self.worker_id, self.settings.device_key, self.settings.target)
+        logger.info("registered as worker %s (device key %s, class %s, target %s)",
+                    self.worker_id, self.settings.device_key, self.device_class,
+                    self.settings.target)
         return True
 
     def _claim(self) -> list[dict[str, Any]]:
@@ -172,7 +183,8 @@ class Agent:
     def _spool_result(self, measure_id: MeasureId, result: MeasureResult) -> None:
         threads = self._threads.get(measure_id)
         peak = self.peaks.peak(threads) if self.peaks is not None and threads else None
-        self.spool.add({"measure_id": measure_id, **result.to_json(), "peak_gflops": peak})
+        self.spool.add({"measure_id": measure_id, **result.to_json(), "peak_gflops": peak,
+                        "device_class": self.device_class or None, "threads": threads})
 
     def _peak_facts(self) -> dict[str, Any]:
         if self.peaks is None:
@@ -274,7 +286,8 @@ def run_worker(settings: WorkerSettings) -> int:
     spec = BackendSpec(settings.backend, dict(settings.backend_options))
     try:
         with contextlib.ExitStack() as stack:
-            spool = stack.enter_context(Spool(settings.spool_dir))
+            # several workers on one host share the default directory, each in its own slot
+            spool = stack.enter_context(Spool.acquire(settings.spool_dir))
             client = stack.enter_context(ServerClient(settings.server, settings.token,
                                                       settings.request_timeout_s))
             measurer = stack.enter_context(IsolatedMeasurer(

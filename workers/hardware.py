@@ -13,6 +13,13 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from workers.device_class import (
+    DeviceClass,
+    cpu_device_class,
+    gpu_device_class,
+    read_cpuinfo,
+)
+
 logger = logging.getLogger(__name__)
 
 #: widest vector unit implied by a CPU flag, widest first
@@ -89,6 +96,21 @@ def accelerator_facts(backend: str, options: dict[str, Any] | None = None) -> di
     except WorkerError as e:
         logger.warning("cannot read the GPU's facts: %s", e)
         return {}
+
+
+def device_class(hardware: dict[str, Any], declared: str | None = None,
+                 proc: Path = Path("/proc/cpuinfo")) -> DeviceClass:
+    """The normalised class this worker measures on: what the backend declares (the fake
+    backend simulates other hardware), else the GPU in ``hardware``, else this CPU."""
+    if declared:
+        return DeviceClass.parse(declared)
+    gpu = hardware.get("gpu")
+    if isinstance(gpu, dict):
+        return gpu_device_class(gpu)
+    info = read_cpuinfo(proc)
+    flags = set(info.get("flags", info.get("Features", "")).split())
+    return cpu_device_class(info, flags, _physical_cores(proc) or os.cpu_count() or 1,
+                            platform.machine())
 
 
 def software_versions(names: tuple[str, ...] = _SOFTWARE) -> dict[str, str]:

@@ -19,9 +19,11 @@ from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.cuda_conv2d import im2col, pointwise
 from schedule_templates.templates.cuda_tiling import (
+    DeviceLimits,
     GemmProblem,
     GemmTiles,
     Operand,
+    ceil_div,
     gemm_default,
     gemm_nest,
     gemm_space,
@@ -49,7 +51,15 @@ class GroupConv2dCuda(Template):
         return gemm_space(*_gemm_shape(as_workload(workload, GroupConv2d)), device)
 
     def default_config(self, workload: Workload) -> Config:
-        return gemm_default(self.space(workload))
+        """The classic tiles, shrunk until the grid has a block for every multiprocessor: a
+        group's GEMM is small (ResNeXt: 8 rows), so big tiles would leave most SMs idle."""
+        groups, M, N, _ = _gemm_shape(as_workload(workload, GroupConv2d))
+        sms = DeviceLimits().multiprocessor_count
+
+        def enough(t: GemmTiles) -> bool:
+            return groups * ceil_div(M, t.bm) * ceil_div(N, t.bn) >= sms
+
+        return gemm_default(self.space(workload), enough)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = as_workload(workload, GroupConv2d)

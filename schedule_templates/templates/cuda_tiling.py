@@ -181,8 +181,12 @@ _DEFAULT_THREADS = ((16, 16), (8, 16), (16, 8), (8, 8), (4, 16), (16, 4), (4, 8)
                     (2, 16), (16, 2), (1, 32), (32, 1), (2, 32), (32, 2), (1, 64))
 
 
-def gemm_default(space: ConfigSpace) -> Config:
-    """The first valid of the classic shapes (128x128 tiles of 8x8 per thread when they fit)."""
+def gemm_default(space: ConfigSpace, enough: Callable[[GemmTiles], bool] | None = None
+                 ) -> Config:
+    """The first valid of the classic shapes (128x128 tiles of 8x8 per thread when they fit);
+    with ``enough``, the first that also satisfies it (say, launches enough blocks to fill the
+    GPU), else the first valid one."""
+    first: Config | None = None
     for mr, nr in _DEFAULT_REGS:
         for ty, tx in _DEFAULT_THREADS:
             if ty not in THREADS or tx not in THREADS:
@@ -192,9 +196,14 @@ def gemm_default(space: ConfigSpace) -> Config:
                     "threads_m": ty, "regs_m": mr, "threads_n": tx, "regs_n": nr,
                     "tile_k": bk, "vec_m": min(4, mr), "vec_n": min(4, nr),
                     "shared_pad": 4, "unroll_k": "unroll"})
-                if space.is_valid(cfg.index):
+                if not space.is_valid(cfg.index):
+                    continue
+                if enough is None or enough(GemmTiles.of(cfg)):
                     return cfg
-    raise ValueError("no valid GEMM config")  # unreachable: 8x4 threads of 1x1 always fit
+                first = first or cfg
+    if first is None:
+        raise ValueError("no valid GEMM config")  # unreachable: 8x4 threads of 1x1 always fit
+    return first
 
 
 # -- the GEMM loop nest ------------------------------------------------------------------------

@@ -204,3 +204,15 @@ def test_filtered_config_is_refused():
     bad = next(i for i in range(space.size) if not space.is_valid(i))
     with pytest.raises(InvalidConfigError):
         lower(workload, template, space.get(bad))
+
+
+@pytest.mark.parametrize("key", ["group_conv2d:N=1,C=128,H=56,W=56,K=128,R=3,S=3,pad=1,groups=32",
+                                 "group_conv2d:N=1,C=64,H=28,W=28,K=64,R=3,S=3,pad=1,groups=8"])
+def test_default_grouped_conv_fills_the_gpu(key):
+    """A group's GEMM is small: the default shrinks its tiles until every SM gets a block."""
+    workload = parse_workload(key)
+    template = get_template(workload.op, TARGET)
+    cuda = generate_cuda(template.lower(workload, template.default_config(workload)))
+    blocks = cuda.grid[0] * cuda.grid[1] * cuda.grid[2]
+    assert blocks >= DeviceLimits().multiprocessor_count
+    assert cuda.grid[2] == workload.groups

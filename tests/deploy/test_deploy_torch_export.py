@@ -45,6 +45,29 @@ class InvertedResidual(nn.Module):
         return x + self.body(x)
 
 
+class Bottleneck(nn.Module):
+    """ResNeXt's block: 1x1, grouped 3x3 (stride 2, 4 channels per group), 1x1, shortcut."""
+
+    def __init__(self, cin: int, width: int, cout: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            ConvBnRelu(width, width, stride=2, groups=width // 4),
+            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, 2, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x: Any) -> Any:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class Conv1dStack(nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(nn.Conv1d(8, 16, 5, padding=2, groups=2), nn.ReLU(),
+                         nn.Conv1d(16, 16, 3, stride=2, dilation=2, groups=4), nn.Tanh(),
+                         nn.Conv1d(16, 4, 1))
+
+
 class Classifier(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -97,7 +120,10 @@ def _exported(module: Any, shape: tuple[int, ...]) -> Any:
     (Classifier, (1, 3, 16, 16)),
     (EncoderMlp, (2, 6, 32)),
     (Attention, (1, 8, 32)),
-], ids=["residual", "inverted_residual", "classifier", "encoder_mlp", "attention"])
+    (lambda: Bottleneck(16, 32, 32), (1, 16, 13, 11)),
+    (Conv1dStack, (2, 8, 41)),
+], ids=["residual", "inverted_residual", "classifier", "encoder_mlp", "attention",
+        "resnext_bottleneck", "conv1d_stack"])
 def test_exported_module_matches_onnxruntime(run_model: RunModel, module: Any,
                                              shape: tuple[int, ...]) -> None:
     torch.manual_seed(0)

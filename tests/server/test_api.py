@@ -122,15 +122,18 @@ def test_records_round_trip_between_deployments(
         make_client: Callable[[Settings], TestClient]) -> None:
     _run_job(client, tokens)
     export = client.get("/api/v1/records", params={"target": "llvm"}).text
-    assert len(export.splitlines()) == 4
+    # 4 trials, then the top configs re-measured before the best is stored (jobs.confirm)
+    count = len(export.splitlines())
+    assert count > 4 and sum(json.loads(line)["purpose"] == "tune"
+                             for line in export.splitlines()) == 4
     later = client.get("/api/v1/records", params={"since": "2999-01-01T00:00:00+00:00"})
     assert later.status_code == 200 and later.text == ""
     other = make_client(_fresh_settings(tmp_path))
     other_tokens = _tokens(other)
     answer = other.post("/api/v1/records", content=export, headers=bearer(other_tokens))
-    assert answer.json() == {"imported": 4, "duplicates": 0}
+    assert answer.json() == {"imported": count, "duplicates": 0}
     again = other.post("/api/v1/records", content=export, headers=bearer(other_tokens))
-    assert again.json() == {"imported": 0, "duplicates": 4}
+    assert again.json() == {"imported": 0, "duplicates": count}
     best = other.get("/api/v1/best", params={"workload": "dense:M=8,N=16,K=32"})
     assert best.status_code == 200
     lines = export.splitlines()

@@ -31,6 +31,7 @@ _GROUPS = (
     "tuner_service.cli.worker",  # worker
     "tuner_service.cli.refresh",  # refresh
     "tuner_service.cli.deploy",  # build, run
+    "tuner_service.cli.log",  # log export, log import, log device-class
 )
 
 

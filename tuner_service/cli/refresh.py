@@ -83,18 +83,21 @@ def _print_stale(report: dict[str, Any]) -> None:
 
 def _submit(client: ServiceClient, items: list[dict[str, Any]], args: argparse.Namespace
             ) -> tuple[list[dict[str, Any]], int]:
-    """One job per (target, device key); returns the jobs and how many submissions failed."""
-    groups: dict[tuple[str, str | None], list[str]] = {}
+    """One job per (target, device key, threads); returns the jobs and how many submissions
+    failed (the device key picks a worker of the device class an item refreshes)."""
+    groups: dict[tuple[str, str | None, int | None], list[str]] = {}
     for item in items:
-        groups.setdefault((item["target"], item["device_key"]), []).append(item["workload"])
+        groups.setdefault((item["target"], item["device_key"], item.get("threads")),
+                          []).append(item["workload"])
     jobs, failed = [], 0
-    for (target, device_key), workloads in sorted(groups.items(), key=lambda g: (g[0][0],
-                                                                                 g[0][1] or "")):
+    for (target, device_key, threads), workloads in sorted(
+            groups.items(), key=lambda g: (g[0][0], g[0][1] or "", g[0][2] or 0)):
         for start in range(0, len(workloads), MAX_WORKLOADS_PER_JOB):
             chunk = workloads[start:start + MAX_WORKLOADS_PER_JOB]
             try:
                 job_id = client.create_job(workloads=chunk, target=target, device_key=device_key,
-                                           trials_per_task=args.budget, tuner=args.tuner)
+                                           trials_per_task=args.budget, tuner=args.tuner,
+                                           **({"threads": threads} if threads else {}))
             except ClientError as e:
                 print(f"error: cannot submit {len(chunk)} workloads for {target}: {e}",
                       file=sys.stderr)

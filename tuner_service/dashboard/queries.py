@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
@@ -81,14 +81,14 @@ def job_tasks(session: Session, job: Job) -> list[dict[str, Any]]:
     """Every task of the job with its best result and the device peak reported with it."""
     rows = session.execute(
         select(JobTask, Task, Measurement.peak_gflops, Measurement.config_index,
-               Measurement.config)
+               Measurement.config, Measurement.costs, Measurement.noisy)
         .join(Task, Task.id == JobTask.task_id)
         .outerjoin(Measurement, Measurement.id == JobTask.best_measurement_id)
         .where(JobTask.job_id == job.id)
         .order_by(JobTask.id)
     ).all()
     out = []
-    for jt, task, peak, best_index, best_config in rows:
+    for jt, task, peak, best_index, best_config, costs, noisy in rows:
         best = jt.best_cost
         gflops = task.flops / best / 1e9 if best else None
         out.append({
@@ -99,9 +99,19 @@ def job_tasks(session: Session, job: Job) -> list[dict[str, Any]]:
             "best_config_index": best_index, "peak_gflops": peak,
             "best_algorithm": _algorithm(best_config),
             "fraction_of_peak": gflops / peak if gflops and peak else None,
+            "best_spread": _spread(costs), "best_noisy": bool(noisy),
             "status": jt.status, "message": jt.message,
         })
     return out
+
+
+def _spread(costs: Any) -> float | None:
+    """(slowest - fastest) / fastest sample of a result (None without two samples)."""
+    values = [float(c) for c in costs if isinstance(c, int | float)] \
+        if isinstance(costs, list) else []
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    return (max(values) - min(values)) / min(values)
 
 
 def _algorithm(config: Any) -> str | None:
@@ -122,7 +132,8 @@ def job_points(session: Session, job_id: int, since_id: int
     at or below the cursor has now been sent, so the client asks again with ``since_id=cursor``
     and drops the ids it already holds (measurements in flight finish out of id order).
     """
-    in_job = JobTask.job_id == job_id
+    # re-measurements of the top candidates (``jobs.confirm``) are not trials
+    in_job = and_(JobTask.job_id == job_id, Measurement.purpose != "confirm")
     # The lowest id still in flight, read BEFORE the points: one that finishes in between
     # then stays above the cursor and is sent next time.
     pending_min = session.scalar(

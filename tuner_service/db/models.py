@@ -131,6 +131,15 @@ class Measurement(Base):
     compile_time_s: Mapped[float | None] = mapped_column(Float)
     wall_time_s: Mapped[float | None] = mapped_column(Float)
     peak_gflops: Mapped[float | None] = mapped_column(Float)
+    #: the normalised class of the device that measured it (``workers.device_class``), and
+    #: the threads it used; None where unknown (queued, or recorded before device classes)
+    device_class: Mapped[str | None] = mapped_column(String(255))
+    threads: Mapped[int | None] = mapped_column(Integer)
+    #: the machine was not quiet while it was timed; ``load``: other processes' cores
+    noisy: Mapped[bool | None] = mapped_column(Boolean)
+    load: Mapped[float | None] = mapped_column(Float)
+    #: "tune" (a trial of the search) or "confirm" (a re-measurement of a top candidate)
+    purpose: Mapped[str] = mapped_column(String(16), default="tune", server_default="tune")
     worker_id: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
     claimed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
@@ -165,10 +174,16 @@ class Token(Base):
 
 
 class TuningLogEntry(Base):
-    """The best known config per (workload, target), across all jobs, users and imports."""
+    """The best known config per (workload, target, device class, threads), across all jobs,
+    users and imports. ``microarch`` and ``isa_level`` repeat fields of the class id, so that
+    lookups can fall back to related devices in SQL."""
 
     __tablename__ = "tuning_log"
-    __table_args__ = (UniqueConstraint("workload_key", "target"),)
+    __table_args__ = (
+        UniqueConstraint("workload_key", "target", "device_class", "threads",
+                         name="uq_tuning_log_device"),
+        Index("ix_tuning_log_workload", "workload_key", "target"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_key: Mapped[str] = mapped_column(String(512))
@@ -182,4 +197,15 @@ class TuningLogEntry(Base):
     measurement_id: Mapped[int | None] = mapped_column(Integer)
     job_id: Mapped[int | None] = mapped_column(Integer)
     device_key: Mapped[str | None] = mapped_column(String(255))
+    device_class: Mapped[str] = mapped_column(String(255), default="unknown",
+                                              server_default="unknown")
+    microarch: Mapped[str] = mapped_column(String(64), default="unknown",
+                                           server_default="unknown")
+    isa_level: Mapped[str] = mapped_column(String(64), default="unknown",
+                                           server_default="unknown")
+    threads: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: (slowest - fastest) / fastest of the samples behind ``mean_cost``
+    spread: Mapped[float | None] = mapped_column(Float)
+    #: ``mean_cost`` comes from re-measuring the job's top candidates side by side
+    confirmed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)

@@ -21,6 +21,7 @@ from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.errors import DatabaseError, TunerServiceError
 from tuner_service.db.models import Job
+from tuner_service.jobs.confirm import ConfirmPolicy
 from tuner_service.jobs.queue import live_workers, requeue_expired
 from tuner_service.jobs.run import JobRun, Observed
 from tuner_service.jobs.scheduler import make_scheduler
@@ -135,7 +136,8 @@ class JobDriver:
             if run is None:
                 scheduler = make_scheduler(self.settings.task_scheduler,
                                            self.settings.early_stop, seed=job_id)
-                run = JobRun.rebuild(session, job, scheduler)
+                policy = ConfirmPolicy(self.settings.confirm_top, self.settings.confirm_rounds)
+                run = JobRun.rebuild(session, job, scheduler, policy)
                 self._runs[job_id] = run
             return run, run.observe(session), self._queue_depth(session, job)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import InvalidWorkloadError
@@ -13,6 +13,8 @@ from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.errors import InvalidInputError, NotFoundError
 from tuner_service.db.models import TuningLogEntry, Worker
+from tuner_service.jobs import device
+from tuner_service.jobs.templates import template_for
 from tuner_service.jobs.views import iso
 
 
@@ -21,7 +23,8 @@ def entry_json(e: TuningLogEntry) -> dict[str, Any]:
         "workload": e.workload_key, "op": e.op, "target": e.target, "template": e.template,
         "template_version": e.template_version, "config": e.config, "mean_cost": e.mean_cost,
         "gflops": e.gflops, "measurement_id": e.measurement_id, "job_id": e.job_id,
-        "device_key": e.device_key, "updated_at": iso(e.updated_at),
+        "device_key": e.device_key, "device_class": e.device_class, "threads": e.threads,
+        "spread": e.spread, "confirmed": e.confirmed, "updated_at": iso(e.updated_at),
     }
 
 
@@ -32,40 +35,49 @@ def canonical_key(key: str) -> str:
         raise InvalidInputError(str(e)) from e
 
 
-def best(session: Session, workload: str, target: str) -> dict[str, Any]:
-    """The best config for ``workload`` on ``target``.
+def best(session: Session, workload: str, target: str, device_class: str | None = None,
+         threads: int | None = None) -> dict[str, Any]:
+    """The best config for ``workload`` on ``target`` for a device class and thread count.
 
-    A fused workload (``...,epilogue=bias+relu``) and its base share one search space, so when
-    the exact key has no entry, the family serves it: the base key's entry first, else the
-    fastest entry of a sibling epilogue. The answer's ``workload`` says which key was measured.
+    Levels (``match`` in the answer): the exact class, the same microarchitecture, the same ISA
+    level, else the template default (see ``jobs.device``); without a device class, the
+    fastest entry of any class (``any``), 404 when there is none. A fused workload
+    (``...,epilogue=bias+relu``) and its base share one search space, so the family serves it
+    when the exact key has no entry; the answer's ``workload`` says which key was measured.
     """
     key = canonical_key(workload)
-    entry = session.scalar(select(TuningLogEntry).where(
-        TuningLogEntry.workload_key == key, TuningLogEntry.target == target))
-    if entry is None:
-        entry = _family_best(session, key, target)
-    if entry is None:
+    query = device.DeviceQuery.parse(device_class, threads)
+    found = device.resolve(session, key, target, query)
+    if found is not None:
+        entry, level = found
+        return {**entry_json(entry), "match": level.value}
+    if query.device_class is None:
         raise NotFoundError(f"no tuned config for {key} on {target}")
-    return entry_json(entry)
+    return default_answer(key, target, query.threads)
 
 
-def _family_best(session: Session, key: str, target: str) -> TuningLogEntry | None:
-    base = parse_workload(key).base_key
-    # the epilogue is a key's last parameter: every fused variant starts with this prefix
-    family = session.scalars(select(TuningLogEntry).where(
-        TuningLogEntry.target == target,
-        or_(TuningLogEntry.workload_key == base,
-            TuningLogEntry.workload_key.startswith(f"{base},epilogue=", autoescape=True)),
-    )).all()
-    if not family:
-        return None
-    return min(family, key=lambda e: (e.workload_key != base, -e.template_version,
-                                      e.mean_cost, e.workload_key))
+def default_answer(key: str, target: str, threads: int) -> dict[str, Any]:
+    """The template default for ``key``: what a build uses when nothing related is tuned."""
+    workload = parse_workload(key)
+    template = template_for(workload.op, target)
+    if template is None:
+        raise NotFoundError(f"no tuned config for {key} on {target}, and no template for "
+                            f"{workload.op} there")
+    return {
+        "workload": key, "op": workload.op, "target": target, "template": template.name,
+        "template_version": int(template.version),
+        "config": template.default_config(workload).to_json(), "mean_cost": None,
+        "gflops": None, "measurement_id": None, "job_id": None, "device_key": None,
+        "device_class": None, "threads": threads, "spread": None, "confirmed": False,
+        "updated_at": None, "match": device.Match.DEFAULT.value,
+    }
 
 
 def entries(session: Session, op: str | None, target: str | None, workload: str | None,
-            limit: int = 1000) -> list[dict[str, Any]]:
+            limit: int = 1000, device_class: str | None = None) -> list[dict[str, Any]]:
     query = select(TuningLogEntry)
+    if device_class:
+        query = query.where(TuningLogEntry.device_class == device_class)
     if op:
         query = query.where(TuningLogEntry.op == op)
     if target:

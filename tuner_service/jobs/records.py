@@ -25,6 +25,7 @@ from tuner_service.db.models import Measurement
 from tuner_service.jobs.results import measurement_result, update_tuning_log
 from tuner_service.jobs.templates import SpaceCache
 from tuner_service.jobs.views import iso
+from workers.device_class import UNKNOWN, DeviceClass
 
 RECORD_VERSION = 1
 
@@ -35,6 +36,7 @@ def export_record(m: Measurement) -> dict[str, Any]:
         "template_version": m.template_version, "config": m.config,
         "result": {**measurement_result(m).to_json(), "peak_gflops": m.peak_gflops},
         "device_key": m.device_key, "timestamp": iso(m.finished_at),
+        "device_class": m.device_class, "threads": m.threads, "purpose": m.purpose,
         "record_version": RECORD_VERSION,
     }
 
@@ -100,7 +102,26 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
         compile_time_s=result.compile_time_s, wall_time_s=result.wall_time_s,
         peak_gflops=_finite(float(peak), "peak_gflops") if peak is not None else None,
         finished_at=_timestamp(record.get("timestamp")),
+        device_class=_device_class(record.get("device_class")),
+        threads=_threads(record.get("threads")),
     )
+
+
+def _device_class(value: Any) -> str | None:
+    """A record's device class id (None: recorded before classes, or ``unknown``)."""
+    if value is None or value == UNKNOWN:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"'device_class' must be a string, not {value!r}")
+    return DeviceClass.parse(value).id  # DeviceClassError is a ValueError
+
+
+def _threads(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise ValueError(f"'threads' must be a whole number from 1 to 4096, not {value!r}")
+    return value
 
 
 def _text(record: dict[str, Any], key: str, limit: int) -> str:

@@ -22,8 +22,12 @@ from schedule_templates.space import ConfigSpace
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import Job, JobTask, Measurement, Task, Worker
-from tuner_service.jobs.results import measurement_result
+from tuner_service.jobs import confirm
+from tuner_service.jobs.confirm import ConfirmPolicy
+from tuner_service.jobs.device import DeviceQuery
+from tuner_service.jobs.results import CONFIRM, measurement_result
 from tuner_service.jobs.scheduler import TaskLoad, TaskScheduler, best_curve
+from tuner_service.jobs.seeds import known_device, seed_configs, take_seeds
 from tuner_service.jobs.templates import template_named
 from tuner_service.jobs.transfer import transfer_records
 from tuner_service.tuners import TRANSFER_TUNERS, Tuner, make_tuner
@@ -50,6 +54,11 @@ class TaskRun:
     flops: float = 0.0
     #: best latency after each measured trial (inf until one succeeded)
     curve: list[float] = dataclasses.field(default_factory=list)
+    #: proposed before the tuner's own picks: the template default, the best known config
+    seeds: list[int] = dataclasses.field(default_factory=list)
+    #: re-measurements of the top candidates in flight (``jobs.confirm``)
+    confirming: set[int] = dataclasses.field(default_factory=set)
+    confirm_started: bool = False
 
     def load(self) -> TaskLoad:
         stopped = self.finished or self.exhausted or self.stalled
@@ -63,16 +72,19 @@ Observed = list[tuple[TaskRun, list[int], list[MeasureResult]]]
 
 
 class JobRun:
-    def __init__(self, job: Job, tasks: list[TaskRun], scheduler: TaskScheduler) -> None:
+    def __init__(self, job: Job, tasks: list[TaskRun], scheduler: TaskScheduler,
+                 policy: ConfirmPolicy | None = None) -> None:
         self.job_id = job.id
         self.target = job.target
         self.device_key = job.device_key
         self.tasks = tasks
         self.scheduler = scheduler
+        self.policy = policy or ConfirmPolicy()
         self._backlog: Observed = []
 
     @classmethod
-    def rebuild(cls, session: Session, job: Job, scheduler: TaskScheduler) -> JobRun:
+    def rebuild(cls, session: Session, job: Job, scheduler: TaskScheduler,
+                policy: ConfirmPolicy | None = None) -> JobRun:
         """Recreate every task's tuner by replaying its recorded measurements."""
         rows = session.execute(
             select(JobTask, Task.workload_key, Task.weight, Task.flops)
@@ -80,9 +92,10 @@ class JobRun:
             .where(JobTask.job_id == job.id, JobTask.template.is_not(None))
             .order_by(JobTask.id)
         ).all()
-        run = cls(job, [], scheduler)
+        run = cls(job, [], scheduler, policy)
+        known = known_device(session, job)
         for jt, key, weight, flops in rows:
-            task, measured = _rebuild_task(session, job, jt, key)
+            task, measured = _rebuild_task(session, job, jt, key, known)
             task.weight, task.flops = float(weight or 1), float(flops or 0)
             run.tasks.append(task)
             if measured:
@@ -107,12 +120,21 @@ class JobRun:
                 grouped[m.job_task_id or 0].append(m)
         observed += [_observation(task, grouped[task.job_task_id]) for task in self.tasks
                      if grouped.get(task.job_task_id)]
+        self._observe_confirmations(session)
         counts: dict[int, int] = dict(session.execute(
             select(JobTask.id, JobTask.trials_done).where(JobTask.job_id == self.job_id)
         ).all())
         for task in self.tasks:
             task.done = counts.get(task.job_task_id, task.done)
         return observed
+
+    def _observe_confirmations(self, session: Session) -> None:
+        confirming = {mid: t for t in self.tasks for mid in t.confirming}
+        if not confirming:
+            return
+        for measure_id in session.scalars(select(Measurement.id).where(
+                Measurement.id.in_(list(confirming)), Measurement.state.not_in(PENDING))):
+            confirming[measure_id].confirming.discard(measure_id)
 
     @staticmethod
     def learn(observed: Observed) -> None:
@@ -133,7 +155,8 @@ class JobRun:
         proposals = []
         for position, n in self.scheduler.allocate(loads, queue_depth - in_flight, batch_size):
             task = self.tasks[position]
-            indices = task.tuner.ask(n)
+            indices = take_seeds(task, n)
+            indices += task.tuner.ask(n - len(indices)) if n > len(indices) else []
             if indices:
                 proposals.append((task, indices))
             else:
@@ -171,9 +194,16 @@ class JobRun:
 
     def _finish(self, session: Session) -> bool:
         for task in self.tasks:
-            if task.finished or task.pending:
+            if task.finished or task.pending or task.confirming:
                 continue
             if task.done >= task.budget or task.exhausted or task.stalled:
+                if not task.confirm_started:
+                    task.confirm_started = True
+                    task.confirming.update(confirm.start(session, task, self.target,
+                                                         self.device_key, self.policy))
+                    if task.confirming:
+                        continue
+                confirm.finish(session, task, self.job_id)
                 task.finished = True
                 message = self._finish_message(task)
                 session.execute(update(JobTask).where(JobTask.id == task.job_task_id)
@@ -191,8 +221,8 @@ def _observation(task: TaskRun, done: list[Measurement]
     return task, [m.config_index for m in done], [measurement_result(m) for m in done]
 
 
-def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str
-                  ) -> tuple[TaskRun, list[Measurement]]:
+def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
+                  known: DeviceQuery | None) -> tuple[TaskRun, list[Measurement]]:
     """A fresh tuner for one task, plus its finished measurements to replay with ``tell``."""
     template = template_named(jt.template or "")
     workload = parse_workload(workload_key)
@@ -206,9 +236,15 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str
                        template=template, transfer=transfer)
     task = TaskRun(jt.id, workload_key, template, space, tuner, budget=jt.trials_budget,
                    done=jt.trials_done, finished=jt.status == "done")
-    measured = session.scalars(
+    rows = session.scalars(
         select(Measurement).where(Measurement.job_task_id == jt.id).order_by(Measurement.id)
     ).all()
+    measured = [m for m in rows if m.purpose != CONFIRM]
+    rechecks = [m for m in rows if m.purpose == CONFIRM]
+    task.confirm_started = bool(rechecks)
+    task.confirming = {m.id for m in rechecks if m.state in PENDING}
+    task.seeds = seed_configs(session, template, workload, space, workload_key, job.target,
+                              known)
     pending = [m for m in measured if m.state in PENDING]
     task.pending = {m.id for m in pending}
     # in-flight and withdrawn configs must not be proposed again

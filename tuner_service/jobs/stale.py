@@ -1,17 +1,20 @@
-"""Which shared-log entries a refresh should tune again, and why.
+"""Which shared-log entries a refresh should tune again, and why, per device class.
 
-An entry (best config per workload and target) is stale when
+Best configs are kept per (workload, target, device class, threads), and a refresh works on
+the device classes that have online workers (a job for a class nobody serves would wait
+forever). For each (target, device class) with an online worker, each workload the log knows:
 
-* ``template``: it was measured with another template, or an older version of the template
-  that now serves its operator on its target (old numbers are not comparable);
-* ``age``: no successful measurement of its (workload, target) finished within the window. A
-  re-measurement that did not beat the stored best still counts as fresh, so a refresh that
-  confirms an entry is not repeated the next night;
-* ``missing``: a target that has online workers has no entry for a workload the log knows
-  from another target, and a template exists for it there.
+* ``template``: its entry for that class was measured with another template, or an older
+  version of the template that now serves its operator on its target;
+* ``age``: no successful measurement of its (workload, target, class) finished within the
+  window. A re-measurement that did not beat the stored best still counts as fresh, so a
+  refresh that confirms an entry is not repeated the next night;
+* ``missing``: the class has no entry for it (entries of class ``unknown``, recorded before
+  classes existed, serve no class: they are tuned again on every class that has workers).
 
-Entries that no online worker can measure are reported as ``skipped`` (with the reason), not
-as work: a job for them would wait forever.
+An item names a device key of an online worker of its class, so its job runs there, and the
+thread count of the entry it refreshes. Stale entries whose class has no online worker are
+reported as ``skipped`` (with the reason), not as work.
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ from sqlalchemy.orm import Session
 
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Measurement, TuningLogEntry, Worker
+from tuner_service.jobs.device import class_of_hardware
 from tuner_service.jobs.templates import template_for
+from workers.device_class import UNKNOWN
 
 #: a worker is online when heard from within this many heartbeat periods (as GET /workers)
 ONLINE_HEARTBEATS = 3
 REASONS = ("template", "age", "missing")
+#: (target, device class) -> device keys of its online workers
+Online = dict[tuple[str, str], set[str]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +55,9 @@ class StaleItem:
     current_version: int | None = None
     last_measured_at: dt.datetime | None = None
     gflops: float | None = None
+    #: the class whose entry is refreshed, and the thread count to measure with
+    device_class: str | None = None
+    threads: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -79,26 +89,30 @@ def find_stale(session: Session, older_than_days: float, heartbeat_s: float,
     if target:
         query = query.where(TuningLogEntry.target == target)
     entries = list(session.scalars(query))
-    online = _online_devices(session, heartbeat_s)
+    online = {k: v for k, v in _online_classes(session, heartbeat_s).items()
+              if not target or k[0] == target}
     last = _last_measured(session, target)
     items, skipped = [], []
     for entry in entries:
-        when = last.get((entry.workload_key, entry.target)) or _utc(entry.updated_at)
+        when = last.get((entry.workload_key, entry.target, entry.device_class)) \
+            or _utc(entry.updated_at)
         item = _judge(entry, when, now, cutoff)
-        if item is None:
-            continue
-        devices = online.get(entry.target, set())
+        if item is None or entry.device_class == UNKNOWN:
+            continue  # unknown entries are replaced per class, as ``missing``
+        devices = online.get((entry.target, entry.device_class), set())
         if item.current_template is None:
             skipped.append(item)
         elif not devices:
             skipped.append(dataclasses.replace(
-                item, detail=f"{item.detail}; no online worker for target {entry.target!r}"))
+                item, detail=f"{item.detail}; no online worker of device class "
+                             f"{entry.device_class} for target {entry.target!r}"))
         else:
-            keep = entry.device_key if entry.device_key in devices else None
+            keep = entry.device_key if entry.device_key in devices else min(devices)
             items.append(dataclasses.replace(item, device_key=keep))
-    wanted = {t: d for t, d in online.items() if not target or t == target}
-    items.extend(_missing(session, wanted))
-    items.sort(key=lambda i: (REASONS.index(i.reason), i.target, i.workload))
+    items.extend(_missing(entries, online))
+    skipped.extend(_unserved_unknown(entries, online, now, cutoff, last))
+    items.sort(key=lambda i: (REASONS.index(i.reason), i.target, i.device_class or "",
+                              i.workload))
     return StaleReport(checked_at=now, older_than_days=older_than_days, items=items[:limit],
                        skipped=skipped)
 
@@ -112,7 +126,8 @@ def _judge(entry: TuningLogEntry, when: dt.datetime | None, now: dt.datetime,
         template_version=entry.template_version,
         current_template=current.name if current else None,
         current_version=int(current.version) if current else None,
-        last_measured_at=when, gflops=entry.gflops)
+        last_measured_at=when, gflops=entry.gflops, device_class=entry.device_class,
+        threads=entry.threads)
     if current is None:
         return dataclasses.replace(base, detail=f"no template for {entry.op} on {entry.target}")
     if entry.template != current.name or entry.template_version < int(current.version):
@@ -128,52 +143,72 @@ def _judge(entry: TuningLogEntry, when: dt.datetime | None, now: dt.datetime,
     return None
 
 
-def _missing(session: Session, online: dict[str, set[str]]) -> list[StaleItem]:
-    """Workloads the log knows (on any target) without an entry on a target that has workers."""
-    if not online:
-        return []
+def _missing(entries: list[TuningLogEntry], online: Online) -> list[StaleItem]:
+    """Workloads the log knows (on any target or class) without an entry of a (target,
+    device class) that has online workers."""
     known: dict[str, str] = {}
-    have: dict[str, set[str]] = defaultdict(set)
-    for key, op, entry_target in session.execute(
-            select(TuningLogEntry.workload_key, TuningLogEntry.op, TuningLogEntry.target)):
-        known[key] = op
-        have[entry_target].add(key)
+    have: dict[tuple[str, str], set[str]] = defaultdict(set)
+    threads: dict[str, int] = {}
+    for entry in entries:
+        known[entry.workload_key] = entry.op
+        have[(entry.target, entry.device_class)].add(entry.workload_key)
+        threads[entry.workload_key] = min(threads.get(entry.workload_key, entry.threads),
+                                          entry.threads)
     out = []
-    for target_name, devices in sorted(online.items()):
+    for (target_name, device_class), devices in sorted(online.items()):
         for key, op in sorted(known.items()):
             current = template_for(op, target_name)
-            if key in have[target_name] or current is None:
+            if key in have[(target_name, device_class)] or current is None:
                 continue
             out.append(StaleItem(
                 workload=key, op=op, target=target_name, reason="missing",
-                detail=f"no entry on {target_name!r}, which now has workers "
-                       f"({', '.join(sorted(devices))})",
-                device_key=next(iter(devices)) if len(devices) == 1 else None,
-                current_template=current.name, current_version=int(current.version)))
+                detail=f"no entry for device class {device_class} on {target_name!r}, which "
+                       f"now has workers ({', '.join(sorted(devices))})",
+                device_key=min(devices), current_template=current.name,
+                current_version=int(current.version), device_class=device_class,
+                threads=threads.get(key, 1)))
     return out
 
 
-def _online_devices(session: Session, heartbeat_s: float) -> dict[str, set[str]]:
-    """target -> device keys with a worker heard from recently."""
+def _unserved_unknown(entries: list[TuningLogEntry], online: Online, now: dt.datetime,
+                      cutoff: dt.datetime, last: dict[tuple[str, str, str], dt.datetime | None]
+                      ) -> list[StaleItem]:
+    """Stale entries of class ``unknown`` on targets without any online class: skipped."""
+    served = {target_name for target_name, _class in online}
+    out = []
+    for entry in entries:
+        if entry.device_class != UNKNOWN or entry.target in served:
+            continue
+        when = last.get((entry.workload_key, entry.target, UNKNOWN)) or _utc(entry.updated_at)
+        item = _judge(entry, when, now, cutoff)
+        if item is not None:
+            out.append(dataclasses.replace(
+                item, detail=f"{item.detail}; no online worker for target {entry.target!r}"))
+    return out
+
+
+def _online_classes(session: Session, heartbeat_s: float) -> Online:
+    """(target, device class) -> device keys with a worker heard from recently."""
     rows = session.execute(
-        select(Worker.target, Worker.device_key).distinct()
+        select(Worker.target, Worker.device_key, Worker.hardware)
         .where(Worker.last_heartbeat >= utcnow_plus(-ONLINE_HEARTBEATS * heartbeat_s)))
-    online: dict[str, set[str]] = defaultdict(set)
-    for target_name, device_key in rows:
-        online[target_name].add(device_key)
+    online: Online = defaultdict(set)
+    for target_name, device_key, hardware in rows:
+        online[(target_name, class_of_hardware(hardware) or UNKNOWN)].add(device_key)
     return dict(online)
 
 
 def _last_measured(session: Session, target: str | None
-                   ) -> dict[tuple[str, str], dt.datetime | None]:
-    """(workload, target) -> when its latest successful measurement finished."""
-    query = (select(Measurement.workload_key, Measurement.target,
+                   ) -> dict[tuple[str, str, str], dt.datetime | None]:
+    """(workload, target, device class) -> when its latest successful measurement finished."""
+    device_class = func.coalesce(Measurement.device_class, UNKNOWN)
+    query = (select(Measurement.workload_key, Measurement.target, device_class,
                     func.max(Measurement.finished_at))
              .where(Measurement.state == "done", Measurement.error_kind == 0)
-             .group_by(Measurement.workload_key, Measurement.target))
+             .group_by(Measurement.workload_key, Measurement.target, device_class))
     if target:
         query = query.where(Measurement.target == target)
-    return {(key, t): _utc(when) for key, t, when in session.execute(query)}
+    return {(key, t, c): _utc(when) for key, t, c, when in session.execute(query)}
 
 
 def _utc(value: Any) -> dt.datetime | None:

@@ -91,7 +91,8 @@ def history(session: Session, job_id: int, task_id: int, after: int = 0) -> list
     if row is None:
         return []
     done = session.scalars(
-        select(Measurement).where(Measurement.job_task_id == row.id, Measurement.state == "done")
+        select(Measurement).where(Measurement.job_task_id == row.id, Measurement.state == "done",
+                                  Measurement.purpose != "confirm")  # re-measurements
         .order_by(Measurement.finished_at, Measurement.id)
     ).all()
     out = []
@@ -104,6 +105,7 @@ def history(session: Session, job_id: int, task_id: int, after: int = 0) -> list
             "gflops": row.flops / m.mean_cost / 1e9 if ok and m.mean_cost else 0.0,
             "latency_s": m.mean_cost, "error_kind": m.error_kind,
             "error_message": m.error_message, "worker_id": m.worker_id,
+            "spread": measurement_result(m).spread if ok else None, "noisy": bool(m.noisy),
             "timestamp": iso(m.finished_at),
         })
     return out

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -58,6 +58,9 @@ class Backend(ABC):
     (InvalidConfigError -> instantiation, CodegenError -> compile); the runner classifies them."""
 
     name: ClassVar[str]
+    #: its timed runs share the machine with other processes, so the measuring process checks
+    #: that the machine is quiet around them (``workers.measure.hygiene``); a simulation is not
+    probes_quiet: ClassVar[bool] = True
 
     def check(self, task: MeasureTask) -> Resolved | None:
         """Validate the task against its template's space before anything is built."""
@@ -79,6 +82,12 @@ class Backend(ABC):
     def flush_bytes(self) -> int:
         """A cache flush writes twice the last-level cache."""
         return 2 * llc_bytes()
+
+    @classmethod
+    def declared_device_class(cls, options: dict[str, Any]) -> str | None:
+        """The device class id this backend measures as when it is not the host's hardware
+        (a simulation), read from its options without creating it; None: detect it."""
+        return None
 
     def healthy(self) -> bool:
         """False when a candidate left the backend unusable (a GPU context after a launch

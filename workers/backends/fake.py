@@ -15,6 +15,7 @@ import os
 import time
 import zlib
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from workers.task import MeasureTask
 #: ``poison`` raises like ``runtime_error`` and leaves the backend unusable (a GPU launch fault)
 FAULT_MODES = ("invalid", "compile_error", "runtime_error", "wrong", "exit", "segfault",
                "hang_build", "hang_run", "poison")
+#: the device class a fake worker reports unless told to simulate another one
+FAKE_DEVICE_CLASS = "cpu:fake:simulated:simulated:fake:1c"
 #: a hang lasts this long; the measurer's timeouts are far shorter
 HANG_S = 3600.0
 
@@ -38,15 +41,18 @@ class FakeKernelError(RuntimeError):
 class FakeBackend(Backend):
     """Options: ``rates`` (mode -> probability), ``faults`` (config index -> mode, wins over
     rates), ``validate`` (check configs against the real templates), ``peak_gflops``,
-    ``noise`` (relative spread of samples), ``compile_s`` / ``run_s`` (simulated durations)."""
+    ``noise`` (relative spread of samples), ``compile_s`` / ``run_s`` (simulated durations),
+    ``device_class`` (the class id a worker with this backend reports: simulated hardware)."""
 
     name = "fake"
+    probes_quiet = False  # its costs are drawn, not timed
 
     def __init__(self, seed: int = 0, rates: Mapping[str, float] | None = None,
                  faults: Mapping[int | str, str] | None = None, validate: bool = True,
                  peak_gflops: float = 100.0, noise: float = 0.01, compile_s: float = 0.0,
-                 run_s: float = 0.0) -> None:
+                 run_s: float = 0.0, device_class: str | None = None) -> None:
         self.seed = seed
+        self.device_class = device_class
         self.rates = dict(rates or {})
         self.faults = {int(k): v for k, v in (faults or {}).items()}
         for mode in [*self.rates, *self.faults.values()]:
@@ -60,6 +66,12 @@ class FakeBackend(Backend):
         self.compile_s = compile_s
         self.run_s = run_s
         self._poisoned = False
+
+    @classmethod
+    def declared_device_class(cls, options: dict[str, Any]) -> str | None:
+        # never the host's class: drawn costs must not mix with the host's real measurements
+        declared = options.get("device_class")
+        return str(declared) if declared else FAKE_DEVICE_CLASS
 
     def healthy(self) -> bool:
         return not self._poisoned

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 
 from schedule_templates.records import ErrorKind, MeasureResult
 from workers.backends import Backend, BackendSpec, create_backend
+from workers.measure.hygiene import QuietGauge
 from workers.measure.runner import Phase, measure_task
 from workers.task import MeasureTask
 
@@ -32,6 +33,8 @@ def child_main(conn: Connection, spec: BackendSpec) -> None:
     """Measure tasks sent by the parent until it says stop or goes away."""
     _detach_from_signals()
     backend = create_backend(spec)
+    # one per child: it remembers the fastest reference loop
+    gauge = QuietGauge() if backend.probes_quiet else None
     try:
         while True:
             try:
@@ -40,7 +43,7 @@ def child_main(conn: Connection, spec: BackendSpec) -> None:
                 return
             if message is STOP:
                 return
-            result = _measure(backend, message, conn)
+            result = _measure(backend, message, conn, gauge)
             if not backend.healthy():  # say so first: the parent replaces this child
                 conn.send((RETIRE, None))
             conn.send(("done", result.to_json()))
@@ -48,14 +51,15 @@ def child_main(conn: Connection, spec: BackendSpec) -> None:
         backend.close()
 
 
-def _measure(backend: Backend, task: MeasureTask, conn: Connection) -> MeasureResult:
+def _measure(backend: Backend, task: MeasureTask, conn: Connection,
+             gauge: QuietGauge | None) -> MeasureResult:
     def on_phase(phase: Phase) -> None:
         conn.send(("phase", phase.value))
         if phase is Phase.TIME and conn.recv() != GO:
             raise RuntimeError("the parent did not grant the timing phase")
 
     try:
-        return measure_task(backend, task, on_phase)
+        return measure_task(backend, task, on_phase, gauge)
     except Exception:
         # A bug in the runner itself, not in the candidate: report it and keep the child.
         text = traceback.format_exc()

@@ -24,6 +24,7 @@ from schedule_templates.errors import (
 )
 from schedule_templates.records import ErrorKind, MeasureOptions, MeasureResult
 from workers.backends import Backend, BackendSpec, BoundKernel, create_backend
+from workers.measure.hygiene import QuietGauge
 from workers.task import MeasureTask
 
 logger = logging.getLogger(__name__)
@@ -52,15 +53,16 @@ def measure_candidate(workload_key: str, template_name: str, config_json: dict[s
     task = MeasureTask(measure_id=0, template=template_name, workload=workload_key,
                        target=target, config=config_json, options=options, threads=threads)
     try:
-        return measure_task(backend, task)
+        return measure_task(backend, task, gauge=QuietGauge() if backend.probes_quiet else None)
     finally:
         backend.close()
 
 
-def measure_task(backend: Backend, task: MeasureTask, on_phase: PhaseHook | None = None
-                 ) -> MeasureResult:
+def measure_task(backend: Backend, task: MeasureTask, on_phase: PhaseHook | None = None,
+                 gauge: QuietGauge | None = None) -> MeasureResult:
     """Check, compile, verify and time one task; ``on_phase`` is told before each phase (its
-    own duration is excluded from the wall time: the pool blocks in it to serialize timing)."""
+    own duration is excluded from the wall time: the pool blocks in it to serialize timing).
+    With a ``gauge``, a run on a machine that is not quiet is measured again or flagged."""
     hook = on_phase or _ignore_phase
     start = time.perf_counter()
     hook(Phase.COMPILE)
@@ -71,13 +73,15 @@ def measure_task(backend: Backend, task: MeasureTask, on_phase: PhaseHook | None
         return _failure(_compile_error_kind(e), e, wall_time_s=time.perf_counter() - start)
     compile_time_s = time.perf_counter() - start
     try:
-        return _verify_and_time(backend, kernel, task.options, hook, start, compile_time_s)
+        return _verify_and_time(backend, kernel, task.options, hook, start, compile_time_s,
+                                gauge)
     finally:
         kernel.close()
 
 
 def _verify_and_time(backend: Backend, kernel: BoundKernel, options: MeasureOptions,
-                     hook: PhaseHook, start: float, compile_time_s: float) -> MeasureResult:
+                     hook: PhaseHook, start: float, compile_time_s: float,
+                     gauge: QuietGauge | None) -> MeasureResult:
     times = {"compile_time_s": compile_time_s}
     if options.check_correctness:
         hook(Phase.VERIFY)
@@ -93,12 +97,17 @@ def _verify_and_time(backend: Backend, kernel: BoundKernel, options: MeasureOpti
     hook(Phase.TIME)
     waited = time.perf_counter() - waited
     try:
-        costs = backend.run(kernel, options)
+        if gauge is None:
+            costs, seen = backend.run(kernel, options), None
+        else:
+            costs, seen, _attempts = gauge.measure(lambda: backend.run(kernel, options))
     except Exception as e:
         wall = time.perf_counter() - start - waited
         return _failure(ErrorKind.RUNTIME, e, wall_time_s=wall, **times)
     return MeasureResult(costs=tuple(float(c) for c in costs), compile_time_s=compile_time_s,
-                         wall_time_s=time.perf_counter() - start - waited)
+                         wall_time_s=time.perf_counter() - start - waited,
+                         noisy=seen is not None and not seen.quiet,
+                         load=seen.other_load if seen is not None else None)
 
 
 def compare_output(kernel: BoundKernel) -> str | None:

@@ -30,6 +30,9 @@ class StaleItemPublic(BaseModel):
     current_version: int | None
     last_measured_at: dt.datetime | None
     gflops: float | None
+    #: the device class whose entry is refreshed, and the threads to measure with
+    device_class: str | None = None
+    threads: int | None = None
 
 
 class StaleReportPublic(BaseModel):

@@ -109,3 +109,12 @@ export function progress(done, budget, finished) {
     aria-label="${done} of ${budget} trials"><span style="width:${(fraction * 100).toFixed(1)}%"></span></div>
     <span class="nowrap">${count(done)} / ${count(budget)}</span></div>`;
 }
+
+// "±4%" after a latency: how far apart the samples behind it were (slowest vs fastest); a
+// noisy result (the machine was busy while it was timed) is marked.
+export function spread(value, noisy = false) {
+  if (value == null || !Number.isFinite(value)) return noisy ? ` <span class="warn" title="the machine was not quiet while this was timed">noisy</span>` : "";
+  const text = `±${(value * 100).toFixed(value < 0.1 ? 1 : 0)}%`;
+  const title = `samples ${text} apart (slowest vs fastest)${noisy ? "; the machine was not quiet while this was timed" : ""}`;
+  return ` <span class="sub${noisy || value > 0.1 ? " warn" : ""}" title="${title}">${text}${noisy ? " noisy" : ""}</span>`;
+}

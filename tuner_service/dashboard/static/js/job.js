@@ -5,7 +5,7 @@ import { getJSON } from "./api.js";
 import { TimeChart, TrialChart } from "./charts.js";
 import {
   ERROR_KINDS, badge, count, duration, esc, gflops, latency, latencyTicks, parseTime, percent, progress,
-  serverNow, syncClock, timeCell,
+  serverNow, spread, syncClock, timeCell,
 } from "./format.js";
 
 const FINAL = new Set(["done", "failed", "cancelled"]);
@@ -167,7 +167,7 @@ function taskRow(state, task, index) {
     <td class="num">${task.weight}</td>
     <td>${progress(task.trials_done, task.trials_budget, task.status === "done")}</td>
     <td class="num best-text">${gflops(task.best_gflops)}</td>
-    <td class="num">${latency(task.best_latency_s)}</td>
+    <td class="num">${latency(task.best_latency_s)}${spread(task.best_spread, task.best_noisy)}</td>
     <td class="num">${peak}</td>
     <td class="num${errors ? " bad" : ""}">${count(errors)}</td>
     <td>${badge(task.status)}${task.message ? `<span class="sub">${esc(task.message)}</span>` : ""}</td></tr>`;

@@ -1,7 +1,7 @@
 // The shared tuning log: the best known config per (workload, target), filterable, downloadable.
 
 import { getJSON, query } from "./api.js";
-import { ago, esc, gflops, latency, syncClock } from "./format.js";
+import { ago, esc, gflops, latency, spread, syncClock } from "./format.js";
 import { pretty } from "./job.js";
 
 function recordsLink(params, text, filename) {
@@ -17,10 +17,10 @@ function row(e) {
     <td class="workload">${esc(pretty(e.description))}<span class="sub mono">${esc(e.workload)}</span></td>
     <td><code>${esc(e.target)}</code></td>
     <td class="num best-text">${gflops(e.gflops)}</td>
-    <td class="num">${latency(e.mean_cost)}</td>
+    <td class="num">${latency(e.mean_cost)}${spread(e.spread)}</td>
     <td>${esc(e.template)} <span class="muted">v${e.template_version}</span>
       <span class="sub">config ${esc(e.config?.index ?? "")}</span></td>
-    <td>${esc(e.device_key || "—")}</td>
+    <td>${esc(e.device_key || "—")}<span class="sub mono" title="device class, threads">${esc(e.device_class || "")}${e.threads ? ` · ${e.threads} thr` : ""}</span></td>
     <td class="nowrap" title="${esc(e.updated_at || "")}">${esc(ago(e.updated_at))}</td>
     <td class="nowrap">${job}</td>
     <td>${recordsLink({ workload: e.workload, target: e.target }, "records", `records-${name}.jsonl`)}</td></tr>`;

@@ -1,0 +1,148 @@
+"""Before a task's best reaches the shared log, its top candidates are measured again.
+
+One sample taken while the machine was busy can crown a config that is slower than the
+default. So when a task's trials are spent, its ``top`` fastest configs, plus the template
+default and the best config already known for the device (both were among its first trials),
+are queued again ``rounds`` times, interleaved (a, b, c, a, b, c: a burst of load hits them
+alike). The config with the lowest median over those re-measurements is stored, with that
+median as its cost; when the stored entry's own config was among them and lost, the winner
+replaces it even if the older number looked faster. Re-measurements are ``purpose='confirm'``
+rows: not trials, never told to the tuner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from schedule_templates.errors import ScheduleError
+from tuner_service.db.models import JobTask, Measurement, TuningLogEntry
+from tuner_service.jobs.device import class_columns
+from tuner_service.jobs.results import CONFIRM, measurement_result, update_tuning_log
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmPolicy:
+    #: fastest distinct configs of a task measured again (0: store the best as measured)
+    top: int = 3
+    #: times each is measured again
+    rounds: int = 2
+
+    @property
+    def enabled(self) -> bool:
+        return self.top > 0 and self.rounds > 0
+
+
+def start(session: Session, task: Any, target: str, device_key: str | None,
+          policy: ConfirmPolicy) -> list[int]:
+    """Queue the re-measurements of ``task`` (a ``jobs.run.TaskRun``); their ids."""
+    configs = candidates(session, task.job_task_id, policy.top, task.seeds)
+    if not policy.enabled or not configs:
+        return []
+    rows = [Measurement(
+        uid=uuid.uuid4().hex, job_task_id=task.job_task_id, config_index=index,
+        config=task.space.get(index).to_json(), template=task.template.name,
+        template_version=int(task.template.version), workload_key=task.workload_key,
+        target=target, device_key=device_key, state="queued", attempts=0, error_message="",
+        purpose=CONFIRM,
+    ) for _round in range(policy.rounds) for index in configs]
+    session.add_all(rows)
+    session.flush()
+    session.execute(update(JobTask).where(JobTask.id == task.job_task_id).values(
+        message=f"re-measuring the {len(configs)} best configs {policy.rounds} times"))
+    return [r.id for r in rows]
+
+
+def candidates(session: Session, job_task_id: int, top: int, seeds: Sequence[int]
+               ) -> list[int]:
+    """The ``top`` fastest configs measured without error, then the seeds (default and best
+    known) that also measured without error."""
+    best = func.min(Measurement.mean_cost)
+    ok = session.execute(
+        select(Measurement.config_index, best)
+        .where(Measurement.job_task_id == job_task_id, Measurement.purpose != CONFIRM,
+               Measurement.state == "done", Measurement.mean_cost.is_not(None))
+        .group_by(Measurement.config_index).order_by(best, Measurement.config_index)
+    ).all()
+    chosen = [int(index) for index, _cost in ok[:max(0, top)]]
+    measured = {int(index) for index, _cost in ok}
+    chosen += [s for s in dict.fromkeys(seeds) if s in measured and s not in chosen]
+    return chosen
+
+
+def finish(session: Session, task: Any, job_id: int) -> None:
+    """Store the winner of the re-measurements per (device class, threads) they were taken
+    on; without any good re-measurement, the task's best trial as measured."""
+    rows = session.scalars(select(Measurement).where(
+        Measurement.job_task_id == task.job_task_id, Measurement.purpose == CONFIRM,
+        Measurement.state == "done", Measurement.mean_cost.is_not(None))).all()
+    groups: dict[tuple[str | None, int | None], list[Measurement]] = defaultdict(list)
+    for row in rows:
+        groups[(row.device_class, row.threads)].append(row)
+    if not groups:
+        _store_unconfirmed(session, task.job_task_id, job_id)
+        return
+    largest = max(groups.values(), key=len)
+    for group in groups.values():
+        winner, cost, spread, configs = _winner(group)
+        force = _stored_config(session, winner, task) in configs
+        update_tuning_log(session, winner, job_id, mean_cost=cost, spread=spread,
+                          confirmed=True, force=force)
+        if group is largest:
+            session.execute(update(JobTask).where(JobTask.id == task.job_task_id).values(
+                best_cost=cost, best_measurement_id=winner.id))
+            logger.info("job %d: %s confirmed config %d (%.4g ms over %d re-measurements)",
+                        job_id, task.workload_key, winner.config_index, cost * 1e3,
+                        sum(r.config_index == winner.config_index for r in group))
+
+
+def _winner(group: list[Measurement]) -> tuple[Measurement, float, float, set[int]]:
+    """The row standing for the config with the lowest median, that median, the spread of
+    that config's samples, and every config in the group."""
+    by_config: dict[int, list[Measurement]] = defaultdict(list)
+    for row in group:
+        by_config[row.config_index].append(row)
+    medians = {index: statistics.median(r.mean_cost or 0.0 for r in rows)
+               for index, rows in by_config.items()}
+    index = min(medians, key=lambda i: (medians[i], i))
+    cost = medians[index]
+    rows = by_config[index]
+    samples = [c for r in rows for c in measurement_result(r).costs]
+    spread = (max(samples) - min(samples)) / min(samples) if len(samples) > 1 else 0.0
+    representative = min(rows, key=lambda r: (abs((r.mean_cost or 0.0) - cost), r.id))
+    return representative, cost, spread, set(by_config)
+
+
+def _stored_config(session: Session, m: Measurement, task: Any) -> int | None:
+    """The config index of the entry ``m`` would replace (None: none, or another space)."""
+    columns = class_columns(m.device_class)
+    entry = session.scalar(select(TuningLogEntry).where(
+        TuningLogEntry.workload_key == m.workload_key, TuningLogEntry.target == m.target,
+        TuningLogEntry.device_class == columns["device_class"],
+        TuningLogEntry.threads == (m.threads or 1)))
+    if entry is None or entry.template != m.template:
+        return None
+    try:
+        return int(task.space.from_json(entry.config).index)
+    except (ScheduleError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _store_unconfirmed(session: Session, job_task_id: int, job_id: int) -> None:
+    best = session.scalar(
+        select(Measurement).where(Measurement.job_task_id == job_task_id,
+                                  Measurement.state == "done",
+                                  Measurement.mean_cost.is_not(None))
+        .order_by(Measurement.mean_cost, Measurement.id).limit(1))
+    if best is not None:
+        update_tuning_log(session, best, job_id)
