@@ -56,6 +56,11 @@ def test_build_and_run_with_pinned_shapes(model: Path, tmp_path: Path,
     assert report["outputs"] == {next(iter(report["outputs"])): [1, 24, 32]}
     assert report["kernel_layers"] == 4
     assert report["check"]["max_rel_error"] < 1e-4
+    # the library remembers the pinned shapes: run needs no flag
+    assert json.loads((out / "manifest.json").read_text())["model"]["input_shapes"] == {
+        "x": [1, 24, 32]}
+    assert main(["run", str(model), "--library", str(out), "--iterations", "1", "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["outputs"].values()) == [[1, 24, 32]]
 
 
 def test_build_without_pinned_shapes_names_the_input(model: Path, tmp_path: Path,

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner_service.cli.models import add_input_shape_flag
+from tuner_service.cli.models import add_input_shape_flag, input_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build.add_argument("--token", help="bearer token for --server (default: TUNER_TOKEN or "
                        "the one `tuner up` saved)")
     build.add_argument("--target", default="llvm")
+    build.add_argument("--device-class", default=None,
+                       help="with --server: the device class whose configs to use (default: "
+                       "this machine's, see `tuner log device-class`)")
     build.add_argument("--threads", type=int, default=None,
                        help="tuner run's default thread count (default: the count the "
                        "configs were tuned at, else 1)")
@@ -75,7 +78,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _read_model(path: Path, args: argparse.Namespace) -> bytes | None:
     """The model as self-contained bytes: external data read from its folder, ``--input-shape``
     pinned, shape computations folded (the frontend's ``load_model``)."""
-    from tuner_service.cli.models import input_shapes
     from tuner_service.frontend.errors import ModelError
     from tuner_service.frontend.loading import load_model
 
@@ -99,7 +101,8 @@ def run_build(args: argparse.Namespace) -> int:
         if args.threads is not None and args.threads < 1:
             print("error: --threads must be at least 1", file=sys.stderr)
             return EXIT_BAD_INPUT
-        manifest = build_library(data, book, args.output, args.target, args.threads)
+        manifest = build_library(data, book, args.output, args.target, args.threads,
+                                 input_shapes(args))
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -124,17 +127,21 @@ def _config_book(args: argparse.Namespace) -> Any:
         logger.warning("no --configs or --server: every layer uses its template's default")
         return ConfigBook(target=args.target)
     from tuner_service.cli.client import ClientError, ServiceClient, resolve_server
+    from tuner_service.cli.log import local_device_class
     from tuner_service.deploy.errors import ConfigSourceError
 
     server, token = resolve_server(args)
     client = ServiceClient(server, token)
+    # this device's configs: its class, else the same microarchitecture or ISA level
+    params = {"device_class": args.device_class or local_device_class(args.target),
+              "target": args.target, "threads": args.threads or 1, "resolve": True}
     try:
-        rows = client.request("GET", "/tuning-log", params={"limit": 100_000})
+        pack = client.request("GET", "/packs", params=params)
     except ClientError as e:
         raise ConfigSourceError(str(e)) from e
     finally:
         client.close()
-    return ConfigBook(entries_from_json(rows, args.server), args.target)
+    return ConfigBook(entries_from_json(pack["tasks"], args.server), args.target)
 
 
 def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -190,7 +197,7 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
     from tuner_service.deploy.loader import KernelLibrary
 
     feeds = read_npz(args.inputs) if args.inputs is not None else None
-    runner = ModelRunner(data, KernelLibrary(args.library), threads)
+    runner = ModelRunner(data, KernelLibrary(args.library), threads, input_shapes(args))
     feeds = runner.random_feeds(args.seed) if feeds is None else feeds
     outputs = runner.run(feeds)
     if args.outputs is not None:

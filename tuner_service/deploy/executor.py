@@ -38,7 +38,8 @@ from tuner_service.deploy.ops_nn import NN_OPS
 from tuner_service.deploy.ops_tensor import TENSOR_OPS
 from tuner_service.frontend.fusion import Layer, node_name, plan_layers
 from tuner_service.frontend.graph import index_graph
-from tuner_service.frontend.loading import load_model
+from tuner_service.frontend.loading import ModelInput, load_model
+from tuner_service.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,13 @@ class NumpyStep:
 class ModelRunner:
     """``run(feeds) -> outputs`` for one model bound to one kernel library."""
 
-    def __init__(self, model: bytes | onnx.ModelProto, library: KernelLibrary,
-                 threads: int | None = None) -> None:
+    def __init__(self, model: ModelInput, library: KernelLibrary,
+                 threads: int | None = None, input_shapes: InputShapes | None = None) -> None:
         self.library = library
         self.threads = max(1, threads or library.threads)
-        proto = load_model(model)
+        # the shapes pinned at build time, unless the caller pins others
+        proto = load_model(model, pinned_shapes(library.manifest) if input_shapes is None
+                           else input_shapes)
         self._opset = _default_opset(proto)
         self._opsets = model_opsets(proto)
         self._run_seconds = 0.0
@@ -194,6 +197,17 @@ def _default_opset(proto: onnx.ModelProto) -> int:
         if entry.domain in ("", "ai.onnx"):
             return int(entry.version)
     return 1
+
+
+def pinned_shapes(manifest: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """The input shapes ``tuner build --input-shape`` recorded (None if there are none)."""
+    shapes = manifest.get("model", {}).get("input_shapes")
+    if not shapes or not isinstance(shapes, dict):
+        return None
+    try:
+        return {str(name): tuple(int(d) for d in dims) for name, dims in shapes.items()}
+    except (TypeError, ValueError) as e:
+        raise DeployError(f"the manifest's input_shapes {shapes!r} are malformed") from e
 
 
 def _static_shapes(proto: onnx.ModelProto) -> dict[str, tuple[int, ...]]:

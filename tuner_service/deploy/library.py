@@ -31,7 +31,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import onnx
 from llvmlite import ir
 
 from schedule_templates.codegen.llvm_ir import generate_llvm_ir
@@ -45,7 +44,8 @@ from schedule_templates.workloads import Workload
 from tuner_service.deploy.configs import Choice, ConfigBook
 from tuner_service.deploy.errors import BuildError
 from tuner_service.frontend.fusion import Layer, plan_layers
-from tuner_service.frontend.loading import load_model
+from tuner_service.frontend.loading import ModelInput, load_model
+from tuner_service.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +64,20 @@ class KernelSpec:
     layers: list[str] = dataclasses.field(default_factory=list)
 
 
-def build_library(model: bytes | onnx.ModelProto, book: ConfigBook, out_dir: Path,
-                  target: str = "llvm", threads: int | None = None) -> dict[str, Any]:
+def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
+                  target: str = "llvm", threads: int | None = None,
+                  input_shapes: InputShapes | None = None) -> dict[str, Any]:
     """Compile, link and describe; returns the manifest (also written to ``out_dir``).
 
     ``threads`` is the library's default run thread count: by default the one the configs
-    were tuned at (1 when they do not say); another count than theirs is a warning."""
+    were tuned at (1 when they do not say); another count than theirs is a warning.
+    ``model`` may be a path (external data beside it); ``input_shapes`` pins dynamic inputs
+    and is recorded in the manifest, so that ``ModelRunner`` pins them the same way."""
     if target_kind(target) != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
     tuned_threads = book.threads
     threads = default_threads(threads, tuned_threads)
-    proto = load_model(model)
+    proto = load_model(model, input_shapes)
     layers = plan_layers(proto)
     kernels: dict[tuple[str, str, int], KernelSpec] = {}
     layer_entries = []
@@ -92,7 +95,8 @@ def build_library(model: bytes | onnx.ModelProto, book: ConfigBook, out_dir: Pat
         "threads": threads,
         "tuned_threads": tuned_threads,
         "weights": "packed from the ONNX model at load time (Template.pack)",
-        "model": {"graph": proto.graph.name, "plan_sha256": plan_digest(layer_entries)},
+        "model": {"graph": proto.graph.name, "plan_sha256": plan_digest(layer_entries),
+                  "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()}},
         "kernels": [kernel_json(spec) for spec in kernels.values()],
         "layers": layer_entries,
     }
