@@ -170,6 +170,7 @@ def job_snapshot(session: Session, job: Job, since_id: int) -> dict[str, Any]:
         **job_summary(job), "model_name": model_name or None, "tuner": job.tuner,
         "server_time": server_time(session), "tasks": tasks, "point_fields": list(POINT_FIELDS),
         "points": points, "errors": errors, "cursor": cursor, "more": more,
+        "health": job_health(session, job),
     }
 
 
@@ -181,7 +182,6 @@ def worker_stats(session: Session, heartbeat_s: float) -> list[dict[str, Any]]:
         select(Measurement.worker_id, Measurement.error_kind, func.count(),
                func.sum(case((recent, 1), else_=0)))
         .where(Measurement.worker_id.is_not(None), Measurement.state == "done",
-        "health": job_health(session, job),
                Measurement.finished_at >= utcnow_plus(-ERROR_WINDOW_S))
         .group_by(Measurement.worker_id, Measurement.error_kind)
     ).all()
