@@ -55,14 +55,18 @@ def live_server(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
 
 def test_build_uses_the_servers_tuning_log(live_server: tuple[str, dict[str, str]],
                                            tmp_path: Path) -> None:
+    from tuner_service.cli.log import local_device_class
     from tuner_service.cli.main import main
 
     url, tokens = live_server
     book, index = tuned_book()
     (entry,) = book.entries()
+    # measured on this kind of machine: a build here picks it (tests/jobs/test_device_packs.py
+    # covers other classes and the fallback levels)
     record = {"workload": entry.workload, "target": "llvm", "template": entry.template,
               "template_version": entry.template_version, "config": entry.config,
-              "result": {"costs": [2e-5, 2.2e-5], "error_kind": 0}, "device_key": "test"}
+              "result": {"costs": [2e-5, 2.2e-5], "error_kind": 0}, "device_key": "test",
+              "device_class": local_device_class(), "threads": 1}
     answer = httpx.post(f"{url}/api/v1/records", content=json.dumps(record) + "\n",
                         headers={"Authorization": f"Bearer {tokens['user']}"})
     assert answer.status_code == 200, answer.text

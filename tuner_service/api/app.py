@@ -21,7 +21,7 @@ from tuner_service.api.docs import install_docs
 from tuner_service.api.errors import install_error_handlers
 from tuner_service.api.limits import FRAMING_SLACK, BodyLimit
 from tuner_service.api.metrics import install_metrics
-from tuner_service.api.routes import jobs, models, refresh, shared, workers
+from tuner_service.api.routes import jobs, models, packs, refresh, shared, workers
 from tuner_service.db.engine import Database
 from tuner_service.db.migrate import check_schema
 from tuner_service.jobs.driver import JobDriver
@@ -48,7 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FRAMING_SLACK)
     install_metrics(app)
-    for router in (models.router, jobs.router, workers.router, shared.router, refresh.router):
+    for router in (models.router, jobs.router, workers.router, shared.router, refresh.router,
+                   packs.router):
         app.include_router(router, prefix=API_PREFIX)
     _mount_dashboard(app)
     install_docs(app)

@@ -139,6 +139,9 @@ class JobHealth(BaseModel):
     error_kind: int | None
     error_message: str
     worker_id: int | None
+    #: (slowest - fastest) / fastest sample; ``noisy``: the machine was not quiet
+    spread: float | None = None
+    noisy: bool = False
     timestamp: str | None
 
 
@@ -247,12 +250,39 @@ class TuningLogPublic(BaseModel):
     template: str
     template_version: int
     config: dict[str, Any]
-    mean_cost: float
-    gflops: float
+    #: None for a template default (``match`` "default"): nothing related was measured
+    mean_cost: float | None
+    gflops: float | None
     measurement_id: int | None
     job_id: int | None
     device_key: str | None
+    #: the device class and threads it was measured with (``unknown``: before classes)
+    device_class: str | None = None
+    threads: int | None = None
+    #: (slowest - fastest) / fastest sample; ``confirmed``: re-measured beside its rivals
+    spread: float | None = None
+    confirmed: bool = False
     updated_at: str | None
+    #: which level of a device lookup answered: exact, microarch, isa_level, default or any
+    match: str | None = None
+
+
+class PackPublic(BaseModel):
+    """The best configs of one device class (``tuner log export``; TVM's TopHub)."""
+
+    format: str
+    version: int
+    device_class: str
+    threads: int | None
+    target: str | None
+    resolved: bool
+    created_at: str
+    tasks: list[TuningLogPublic]
+
+
+class PackImported(BaseModel):
+    imported: int
+    device_classes: list[str]
 
 
 class ImportAnswer(BaseModel):

@@ -37,8 +37,9 @@ def get_tuning_log(
     target: str | None = None,
     workload: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    device_class: Annotated[str | None, Query(max_length=255)] = None,
 ) -> list[dict[str, Any]]:
-    return log.entries(session, op, target, workload, limit)
+    return log.entries(session, op, target, workload, limit, device_class)
 
 
 @router.get("/records", response_class=PlainTextResponse,
