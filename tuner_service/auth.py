@@ -2,6 +2,7 @@
 
 Roles: ``admin`` (everything), ``user`` (models, jobs, record imports), ``worker`` (the worker
 endpoints). A token never grants a role other than its own, except that admin may do anything.
+A worker token may be bound to one device key: it then registers workers for that key only.
 """
 
 from __future__ import annotations
@@ -31,16 +32,22 @@ def new_secret() -> str:
     return _PREFIX + secrets.token_urlsafe(32)
 
 
-def create_token(session: Session, role: str, name: str = "", secret: str | None = None
-                 ) -> tuple[Token, str]:
+def create_token(session: Session, role: str, name: str = "", secret: str | None = None,
+                 device_key: str | None = None) -> tuple[Token, str]:
     """Store a new token and return it with its secret (shown once, never stored)."""
     if role not in ROLES:
         raise InvalidInputError(f"unknown role {role!r}; choose from {', '.join(ROLES)}")
+    if device_key is not None and (role != "worker" or not device_key.strip()
+                                   or len(device_key) > 255):
+        raise InvalidInputError("--device-key binds a worker token to one non-empty device key "
+                                "(at most 255 characters); other roles take none")
     secret = secret or new_secret()
-    token = Token(name=name, role=role, token_hash=hash_token(secret), revoked=False)
+    token = Token(name=name, role=role, token_hash=hash_token(secret), revoked=False,
+                  device_key=device_key)
     session.add(token)
     session.flush()
-    logger.info("created %s token %d (%s)", role, token.id, name or "unnamed")
+    logger.info("created %s token %d (%s)%s", role, token.id, name or "unnamed",
+                f" for device key {device_key}" if device_key else "")
     return token, secret
 
 

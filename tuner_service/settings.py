@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schedule_templates.records import MeasureOptions
+from tuner_service.jobs.budget import ResourceBudget
 
 #: example values from the docs; never acceptable outside development
 _DEFAULT_SECRETS = frozenset({"", "change-me", "changeme", "secret", "admin", "tuner"})
@@ -70,6 +71,18 @@ class Settings(BaseSettings):
     #: a worker-role token accepted from the environment, so deployed workers hold no admin token
     bootstrap_worker_token: SecretStr | None = None
     check_schema: bool = True
+    #: how long a request waits for SQLite's write lock or a pooled database connection before
+    #: it is answered 503 with Retry-After (rather than hanging)
+    database_busy_timeout_s: float = Field(default=10.0, gt=0, le=300)
+
+    # Resource budget: what one job may ask of a worker, checked when the job is created
+    budget_max_tensor_bytes: int = Field(default=1 << 30, ge=1)
+    budget_max_candidate_flops: int = Field(default=500 * 10**9, ge=1)
+    budget_max_number: int = Field(default=10_000, ge=1)
+    budget_max_repeat: int = Field(default=100, ge=1)
+    budget_max_min_repeat_ms: float = Field(default=10_000.0, ge=0)
+    budget_max_build_timeout_s: float = Field(default=300.0, gt=0)
+    budget_max_run_timeout_s: float = Field(default=120.0, gt=0)
 
     # Logging: text or JSON lines. The CLI reads TUNER_LOG_FORMAT itself before settings exist
     # (tuner_service/logging_setup.py); the field is here so `tuner serve` validates it.
@@ -122,6 +135,16 @@ class Settings(BaseSettings):
             flush_cache=self.measure_flush_cache,
             build_timeout_s=self.build_timeout_s,
             run_timeout_s=self.run_timeout_s,
+        )
+
+    def budget(self) -> ResourceBudget:
+        return ResourceBudget(
+            max_tensor_bytes=self.budget_max_tensor_bytes,
+            max_candidate_flops=self.budget_max_candidate_flops,
+            max_number=self.budget_max_number, max_repeat=self.budget_max_repeat,
+            max_min_repeat_ms=self.budget_max_min_repeat_ms,
+            max_build_timeout_s=self.budget_max_build_timeout_s,
+            max_run_timeout_s=self.budget_max_run_timeout_s,
         )
 
     def with_overrides(self, **values: Any) -> Settings:

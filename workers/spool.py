@@ -2,7 +2,9 @@
 
 A JSON-lines file, appended and fsync'd once per result, so that a result survives the worker
 process, the server and the network going away. Acknowledged results are dropped by rewriting
-the file atomically. A lock file keeps two workers from sharing one spool directory.
+the file atomically. A lock file keeps two workers from sharing one spool directory;
+``Spool.acquire`` gives a second worker on the same host a slot of its own beside the first
+(``worker-2``, ``worker-3``... inside the directory), so several workers run with the default.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ logger = logging.getLogger(__name__)
 
 FILE_NAME = "results.jsonl"
 LOCK_NAME = "spool.lock"
+#: slots a host may hold beside the base directory (one per worker process at a time)
+MAX_SLOTS = 256
+
+
+class SpoolLocked(WorkerError):
+    """Another live worker process holds this spool directory."""
 
 
 class Spool:
@@ -35,8 +43,25 @@ class Spool:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             self._lock.close()
-            raise WorkerError(f"another worker is using the spool in {self.directory}") from e
+            raise SpoolLocked(f"another worker is using the spool in {self.directory}") from e
         self._entries: dict[MeasureId, dict[str, Any]] = self._load()
+
+    @classmethod
+    def acquire(cls, directory: Path) -> Spool:
+        """The spool in ``directory`` or, while another worker holds it, the first free slot
+        ``directory/worker-N``. A slot left by a worker that died is taken over with what it
+        holds, so its unacknowledged results are still sent (the server decides if they count)."""
+        base = Path(directory)
+        for slot in range(1, MAX_SLOTS + 1):
+            path = base if slot == 1 else base / f"worker-{slot}"
+            try:
+                spool = cls(path)
+            except SpoolLocked:
+                continue
+            if slot > 1:
+                logger.info("spool %s is in use by another worker; using %s", base, path)
+            return spool
+        raise WorkerError(f"all {MAX_SLOTS} spool slots in {base} are in use")
 
     def __enter__(self) -> Spool:
         return self

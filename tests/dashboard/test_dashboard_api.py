@@ -226,7 +226,9 @@ def test_reads_need_a_token_when_the_server_says_so(
     for path in ("/api/v1/dashboard/jobs", "/api/v1/dashboard/workers",
                  "/api/v1/dashboard/tuning-log"):
         assert client.get(path).status_code == 401
-        assert client.get(path, headers=bearer(tokens["worker"])).status_code == 200
+        assert client.get(path, headers=bearer(tokens["user"])).status_code == 200
+        # a worker token reads what workers need, not the jobs and workers of every user
+        assert client.get(path, headers=bearer(tokens["worker"])).status_code == 403
     # the page shell holds no data: it loads without a token, then asks for one
     page = client.get("/jobs/1")
     assert page.status_code == 200 and 'id="token-form"' in page.text

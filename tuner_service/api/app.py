@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.db = Database(settings.resolved_database_url)
+    app.state.db = Database(settings.resolved_database_url, settings.database_busy_timeout_s)
     app.state.driver = None
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FRAMING_SLACK)
@@ -51,8 +51,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (models.router, jobs.router, workers.router, shared.router, refresh.router,
                    packs.router):
         app.include_router(router, prefix=API_PREFIX)
-    _mount_dashboard(app)
     install_docs(app)
+    _mount_dashboard(app)
     return app
 
 

@@ -1,8 +1,12 @@
 """Dependencies: settings, database session, bearer-token roles, lookup-or-404.
 
 Routes list their auth dependency (``UserToken``, ``WorkerToken``, ``Reader``) first: FastAPI
-solves dependencies in parameter order, and the token check runs in its own short transaction,
-which must end before the request's session starts one (SQLite admits one writer at a time).
+solves dependencies in parameter order, and the token check runs in its own short read
+transaction, which ends before the request's session starts.
+
+The request's session follows the HTTP method: GET and HEAD only read, so they get a read
+session (on SQLite a deferred transaction that never takes or waits for the write lock); every
+other method gets a write session.
 """
 
 from __future__ import annotations
@@ -45,8 +49,12 @@ DbDep = Annotated[Database, Depends(get_db)]
 DriverDep = Annotated[JobDriver | None, Depends(get_driver)]
 
 
-def get_session(db: DbDep) -> Iterator[Session]:
-    with db.session() as session:
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def get_session(db: DbDep, request: Request) -> Iterator[Session]:
+    scope = db.read_session if request.method in READ_METHODS else db.session
+    with scope() as session:
         yield session
 
 
@@ -58,7 +66,7 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 def _token(db: Database, credentials: HTTPAuthorizationCredentials | None) -> Token:
     if credentials is None or not credentials.credentials:
         raise AuthError("missing bearer token (Authorization: Bearer <token>)")
-    with db.session() as session:
+    with db.read_session() as session:
         token = auth.authenticate(session, credentials.credentials)
     if token is None:
         raise AuthError("invalid or revoked token")
@@ -76,15 +84,29 @@ def require(*roles: str) -> Callable[[DbDep, Credentials], Token]:
 
 
 def reader(db: DbDep, settings: SettingsDep, credentials: Credentials) -> Token | None:
-    """Reads are open unless ``read_requires_token`` is set (then any valid token reads)."""
+    """Reads are open unless ``read_requires_token`` is set; then a user or admin token reads
+    everything, and a worker token only what a worker needs (``WORKER_READS``)."""
     if not settings.read_requires_token:
         return None
     return _token(db, credentials)
 
 
+def user_reader(db: DbDep, settings: SettingsDep, credentials: Credentials) -> Token | None:
+    """A read of user data (jobs, models, records, the dashboard): with ``read_requires_token``
+    a worker token is refused (403), so a leaked worker token reads no one's jobs."""
+    token = reader(db, settings, credentials)
+    if token is not None and not auth.allows(token.role, ("user",)):
+        raise ForbiddenError("a worker token reads only what workers need (health, best "
+                             "configs); use a user token")
+    return token
+
+
 UserToken = Annotated[Token, Depends(require("user"))]
 WorkerToken = Annotated[Token, Depends(require("worker"))]
+#: reads a worker may make (the shared log's best configs, the worker list, health)
 Reader = Annotated[Token | None, Depends(reader)]
+#: reads of user data: jobs, models, records, the dashboard
+UserReader = Annotated[Token | None, Depends(user_reader)]
 
 
 def job_or_404(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Job:
@@ -100,7 +122,7 @@ def own_worker(db: DbDep, token: WorkerToken,
 
     Read in its own short transaction: the long-poll claim must not hold one open (on SQLite
     an open write transaction would block every other writer for the whole wait)."""
-    with db.session() as session:
+    with db.read_session() as session:
         worker = session.get(Worker, worker_id)
     if worker is None:
         raise NotFoundError(f"worker {worker_id} not found; register again")
@@ -109,5 +131,14 @@ def own_worker(db: DbDep, token: WorkerToken,
     return worker
 
 
+def owned_job(token: UserToken, job: Annotated[Job, Depends(job_or_404)]) -> Job:
+    """A job the token may change: its creator's token, or any admin token."""
+    if token.role != "admin" and job.owner_token_id != token.id:
+        raise ForbiddenError(f"job {job.id} belongs to another token; only its owner or an "
+                             "admin may change it")
+    return job
+
+
 JobDep = Annotated[Job, Depends(job_or_404)]
+OwnedJob = Annotated[Job, Depends(owned_job)]
 WorkerDep = Annotated[Worker, Depends(own_worker)]

@@ -1,14 +1,24 @@
-"""Expected failures become clear JSON answers (``{"detail": ...}``), never a 500."""
+"""Expected failures become clear JSON answers (``{"detail": ...}``), never a 500.
+
+The handlers themselves must not fail: a 422 names what was wrong without echoing values that
+JSON cannot carry (NaN, bytes, lone surrogates), and a 503 says when to try again
+(``Retry-After``), so a worker backs off instead of hammering a busy database.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schedule_templates.errors import ScheduleError
 from tuner_service.db.errors import AuthError, TunerServiceError
+from tuner_service.db.values import safe_json
 
 logger = logging.getLogger(__name__)
 
@@ -16,16 +26,49 @@ logger = logging.getLogger(__name__)
 async def _service_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TunerServiceError)
     detail = exc.args[0] if exc.args else type(exc).__name__
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(exc.retry_after_s)
     if exc.status_code >= 500:
         logger.warning("%s: %s", type(exc).__name__, detail)
-    return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=headers)
+    return JSONResponse({"detail": safe_json(detail)}, status_code=exc.status_code,
+                        headers=headers or None)
 
 
 async def _schedule_error(_request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=422)
+    return JSONResponse({"detail": safe_json(str(exc))}, status_code=422)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own handler echoes each error's input, which may be NaN, bytes or a lone
+    surrogate that JSON cannot carry; this one keeps location, message and type only."""
+    assert isinstance(exc, RequestValidationError)
+    try:
+        detail = [_error(e) for e in list(exc.errors())[:50]]
+    except Exception:  # never fail while reporting a failure
+        logger.exception("could not describe a validation error")
+        detail = [{"loc": [], "msg": "invalid request", "type": "value_error"}]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def _error(error: Any) -> dict[str, Any]:
+    return {"loc": safe_json(list(error.get("loc", ()))),
+            "msg": safe_json(str(error.get("msg", "invalid value"))),
+            "type": safe_json(str(error.get("type", "value_error")))}
+
+
+async def _http_error(request: Request, exc: Exception) -> Any:
+    """A body nested too deep for the JSON decoder is the client's fault: 422, not a 400
+    that hides why (FastAPI reports any decoder crash as "error parsing the body")."""
+    assert isinstance(exc, StarletteHTTPException)
+    if isinstance(exc.__cause__, RecursionError):
+        return JSONResponse({"detail": [{"loc": ["body"], "msg": "JSON nested too deep",
+                                         "type": "json_too_deep"}]}, status_code=422)
+    return await http_exception_handler(request, exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(TunerServiceError, _service_error)
     app.add_exception_handler(ScheduleError, _schedule_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

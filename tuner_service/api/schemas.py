@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from schedule_templates.records import MeasureResult
+from tuner_service.db.types import bounded_utc
+from tuner_service.db.values import bounded_json, check_tree
 
 MAX_ID = 2**31 - 1  # ids are 32-bit integers in the database
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+#: seconds a worker may report for compiling or running one candidate (a day)
+MAX_SECONDS = 86_400.0
+#: a free-form object a worker describes itself with: bounded in size and depth, so one row
+#: cannot break a view for everyone
+FreeJson = Annotated[dict[str, Any], AfterValidator(bounded_json(64 * 1024, 8))]
+#: a timestamp in a request: converted to UTC, from 1970 to 9000
+Timestamp = Annotated[dt.datetime, AfterValidator(bounded_utc)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Every request body: unknown fields ignored; numbers finite and within 64 bits, text free
+    of NUL and lone surrogates, nesting bounded (``check_tree``), wherever they sit."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_json(cls, data: Any) -> Any:
+        check_tree(data)
+        return data
 
 
 # ---- models and jobs -------------------------------------------------------------------------
@@ -54,7 +81,8 @@ class MeasureOptionsIn(Body):
 
 class JobCreate(Body):
     model_id: Id | None = None
-    workloads: list[str] | None = Field(default=None, max_length=10_000)
+    workloads: list[Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None, max_length=10_000)
     target: str = Field(default="llvm", min_length=1, max_length=255)
     device_key: str | None = Field(default=None, max_length=255)
     trials_per_task: int = Field(default=64, ge=1, le=1_000_000)
@@ -96,8 +124,17 @@ class JobSummary(BaseModel):
     finished_at: str | None
 
 
+class JobHealth(BaseModel):
+    """Why an active job makes no progress: ``no_workers`` or ``failing``."""
+
+    state: str
+    message: str
+
+
 class JobPublic(JobSummary):
     tasks: list[JobTaskPublic]
+    #: set while an active job is stuck (no worker online, every recent result failed)
+    health: JobHealth | None = None
 
 
 class JobListItem(JobSummary):
@@ -124,17 +161,8 @@ class JobConfigs(BaseModel):
 class HistoryPoint(BaseModel):
     trial: int
     measure_id: int
-class JobHealth(BaseModel):
-    """Why an active job makes no progress: ``no_workers`` or ``failing``."""
-
-    state: str
-    message: str
-
-
     config_index: int
     gflops: float
-    #: set while an active job is stuck (no worker online, every recent result failed)
-    health: JobHealth | None = None
     latency_s: float | None
     error_kind: int | None
     error_message: str
@@ -157,8 +185,8 @@ class WorkerRegister(Body):
     device_key: str = Field(min_length=1, max_length=255)
     target: str = Field(min_length=1, max_length=255)
     name: str = Field(default="", max_length=255)
-    hardware: dict[str, Any] = Field(default_factory=dict)
-    software: dict[str, Any] = Field(default_factory=dict)
+    hardware: FreeJson = Field(default_factory=dict)
+    software: FreeJson = Field(default_factory=dict)
 
 
 class WorkerRegistered(BaseModel):
@@ -187,17 +215,31 @@ class ClaimAnswer(BaseModel):
 
 class ResultIn(Body):
     measure_id: Id
-    costs: list[float] = Field(default_factory=list, max_length=100_000)
+    costs: list[float] = Field(default_factory=list, max_length=10_000)
     error_kind: int = Field(default=0, ge=0, le=8)
-    error_message: str = ""
-    compile_time_s: float = 0.0
-    wall_time_s: float = 0.0
+    error_message: str = Field(default="", max_length=20_000)
+    compile_time_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
+    wall_time_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
     peak_gflops: float | None = None
+    #: what the worker measured with (``workers.device_class``) and the machine's quietness;
+    #: context like the peak: an unreadable value is dropped, never the result
+    device_class: str | None = None
+    threads: int | None = None
+    noisy: bool = False
+    load: float | None = None
+    #: set by the server while decoding (whatever a client sends is overwritten): why this one
+    #: result is refused while the rest of its batch is stored
+    invalid: str = Field(default="", exclude=True)
 
-    @field_validator("error_message")
+    @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, value: str) -> str:
-        return value.replace("\x00", "")  # PostgreSQL text cannot hold NUL
+    def _lenient(cls, data: Any) -> Any:
+        return clean_result(data)
+
+    @field_validator("device_class", "threads", "load", mode="before")
+    @classmethod
+    def _context(cls, value: Any, info: ValidationInfo) -> Any:
+        return device_context(info.field_name or "", value)
 
     @field_validator("peak_gflops")
     @classmethod
@@ -210,8 +252,53 @@ class ResultIn(Body):
         return MeasureResult.from_json(self.model_dump())
 
 
+def device_context(name: str, value: Any) -> Any:
+    """A result's device class, threads or load as stored, None when it cannot be read."""
+    from workers.device_class import DeviceClass, DeviceClassError
+
+    if name == "device_class":
+        try:
+            return DeviceClass.parse(value).id if isinstance(value, str) and value else None
+        except DeviceClassError:
+            return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if name == "threads":
+        return int(value) if ok and value == int(value) and 1 <= value <= 4096 else None
+    return float(value) if ok and 0 <= value <= 1e6 else None
+
+
+def clean_result(data: Any) -> Any:
+    """A worker's error text and peak are context: a NUL or a NaN there is cleaned, not refused
+    (refusing would cost the measurement). Runs before the shared checks of ``Body``."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    message = data.get("error_message")
+    if isinstance(message, str):
+        data["error_message"] = message.replace("\x00", "").encode(
+            "utf-8", "replace").decode("utf-8")[-20_000:]
+    for key in ("peak_gflops", "load"):  # context, dropped when it is not a finite number
+        value = data.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            data[key] = None
+    costs = data.get("costs")
+    data["invalid"] = ""
+    if isinstance(costs, list) and any(isinstance(c, float) and not math.isfinite(c)
+                                       for c in costs):
+        # refused as this result's status (the batch's other results still count)
+        data["costs"], data["invalid"] = [], "costs must be positive finite seconds"
+    return data
+
+
 class ResultsIn(Body):
     results: list[ResultIn] = Field(max_length=10_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lenient(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("results"), list):
+            return {**data, "results": [clean_result(r) for r in data["results"]]}
+        return data
 
 
 class Rejected(BaseModel):
@@ -219,10 +306,20 @@ class Rejected(BaseModel):
     reason: str
 
 
+class ResultStatus(BaseModel):
+    measure_id: int
+    #: accepted, duplicate, rejected, expired, not_leased_by_you or unknown
+    status: str
+    reason: str = ""
+
+
 class ResultsAnswer(BaseModel):
     accepted: list[int]
     duplicates: list[int]
+    #: every result not accepted or duplicate, with its reason (a worker drops them all)
     rejected: list[Rejected]
+    #: one entry per reported result, in the order stored
+    statuses: list[ResultStatus] = Field(default_factory=list)
 
 
 class ReleaseAnswer(BaseModel):

@@ -1,6 +1,7 @@
 """The dashboard's JSON reads (under ``/api/v1/dashboard``) and its page routes.
 
-The JSON reads follow the API's read rule (open unless ``read_requires_token``). The pages are
+The JSON reads follow the API's rule for user data (open unless ``read_requires_token``; then
+a user or admin token, never a worker's). The pages are
 one static shell: it holds no data, so it is served without a token and asks for one when a
 read answers 401.
 """
@@ -13,7 +14,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from tuner_service.api.deps import JobDep, Reader, SessionDep, SettingsDep
+from tuner_service.api.deps import JobDep, SessionDep, SettingsDep, UserReader
+from tuner_service.api.schemas import MAX_ID
 from tuner_service.dashboard import queries
 
 api = APIRouter(prefix="/dashboard", tags=["dashboard"])
@@ -22,7 +24,7 @@ pages = APIRouter(include_in_schema=False)
 
 @api.get("/jobs")
 def dashboard_jobs(
-    _reader: Reader,
+    _reader: UserReader,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> dict[str, Any]:
@@ -33,17 +35,17 @@ def dashboard_jobs(
 
 @api.get("/jobs/{job_id}")
 def dashboard_job(
-    _reader: Reader,
+    _reader: UserReader,
     job: JobDep,
     session: SessionDep,
-    since_id: Annotated[int, Query(ge=0)] = 0,
+    since_id: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> dict[str, Any]:
     """A job, its tasks, and its finished measurements after ``since_id`` (see ``cursor``)."""
     return queries.job_snapshot(session, job, since_id)
 
 
 @api.get("/workers")
-def dashboard_workers(_reader: Reader, session: SessionDep, settings: SettingsDep
+def dashboard_workers(_reader: UserReader, session: SessionDep, settings: SettingsDep
                       ) -> dict[str, Any]:
     """Workers with online state, throughput and error mix."""
     return {"workers": queries.worker_stats(session, settings.heartbeat_s),
@@ -54,11 +56,11 @@ def dashboard_workers(_reader: Reader, session: SessionDep, settings: SettingsDe
 
 @api.get("/tuning-log")
 def dashboard_tuning_log(
-    _reader: Reader,
+    _reader: UserReader,
     session: SessionDep,
-    op: str | None = None,
-    target: str | None = None,
-    workload: str | None = None,
+    op: Annotated[str | None, Query(max_length=64)] = None,
+    target: Annotated[str | None, Query(max_length=255)] = None,
+    workload: Annotated[str | None, Query(max_length=512)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
 ) -> dict[str, Any]:
     """The shared log's best configs, described in words, with the operators and targets."""

@@ -1,7 +1,14 @@
-"""Engines and the one session scope: commit on success, roll back on error, always close.
+"""Engines and the session scopes: commit on success, roll back on error, always close.
 
-Database errors are translated here into ``DatabaseError``/``ConflictError`` so callers above
-this edge never see SQLAlchemy exceptions.
+Two scopes: ``session()`` for work that writes and ``read_session()`` for reads. On SQLite a
+write transaction takes the write lock up front (``BEGIN IMMEDIATE``), while a read is a plain
+deferred transaction on a pool of its own: in WAL mode readers never wait for the writer nor
+block it, so a burst of dashboard reads cannot stall worker claims. Waiting for the write lock
+is bounded (``busy_timeout_s``); past it the request fails with ``DatabaseBusyError`` (503 with
+``Retry-After``).
+
+Database errors are translated here into ``DatabaseError``/``ConflictError``/``InvalidInputError``
+so callers above this edge never see SQLAlchemy exceptions.
 """
 
 from __future__ import annotations
@@ -16,14 +23,26 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner_service.db.errors import ConflictError, DatabaseError, TunerServiceError
+from tuner_service.db.errors import (
+    ConflictError,
+    DatabaseBusyError,
+    DatabaseError,
+    InvalidInputError,
+    TunerServiceError,
+)
 
 T = TypeVar("T")
 #: PostgreSQL SQLSTATEs of transactions that are safe to run again: deadlock, serialization
 _RETRYABLE = ("40P01", "40001")
+#: how long a SQLite transaction waits for the write lock (and a request for a pooled
+#: connection) before it answers 503 instead of hanging
+DEFAULT_BUSY_TIMEOUT_S = 10.0
+#: execution option that marks a SQLite connection's transactions as deferred reads
+_READ = "tuner_read"
 logger = logging.getLogger(__name__)
 
 
@@ -34,46 +53,61 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+                pool_size: int = 10) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, parsed.database)
+        return _sqlite_engine(url, parsed.database, busy_timeout_s, pool_size)
     # pre-ping lets the pool recover by itself after a database restart
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=30,
+                         pool_timeout=busy_timeout_s)
 
 
-def _sqlite_engine(url: str, path: str | None) -> Engine:
+def _sqlite_engine(url: str, path: str | None, busy_timeout_s: float, pool_size: int
+                   ) -> Engine:
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
-        url, connect_args={"check_same_thread": False, "timeout": 30, "isolation_level": None}
+        url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s,
+                           "isolation_level": None},
+        pool_size=pool_size, max_overflow=pool_size * 4, pool_timeout=busy_timeout_s,
     )
+    busy_ms = int(busy_timeout_s * 1000)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         cursor = dbapi_conn.cursor()
-        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=30000",
+        for pragma in ("journal_mode=WAL", "foreign_keys=ON", f"busy_timeout={busy_ms}",
                        "synchronous=NORMAL"):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        # Take the write lock up front: a deferred transaction that reads and then writes can
-        # fail with "database is locked" when another writer committed in between.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A write takes the lock up front: a deferred transaction that reads and then writes
+        # can fail with "database is locked" when another writer committed in between. A read
+        # stays deferred, so it never queues behind (or holds up) the writer.
+        read = conn.get_execution_options().get(_READ, False)
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
 
     return engine
 
 
 class Database:
-    """An engine plus its session factory; one per process (or per app in tests)."""
+    """Engines plus their session factories; one per process (or per app in tests)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         self.url = normalize_url(url)
-        self.engine = make_engine(self.url)
+        self.engine = make_engine(self.url, busy_timeout_s)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_engine: Engine | None = None
+        reads: Engine = self.engine
+        if self.engine.dialect.name == "sqlite":
+            # reads on a pool of their own: a burst of them never takes the writers' connections
+            self._read_engine = make_engine(self.url, busy_timeout_s, pool_size=20)
+            reads = self._read_engine.execution_options(**{_READ: True})
+        self._read_factory = sessionmaker(reads, expire_on_commit=False)
 
     @property
     def session_factory(self) -> sessionmaker[Session]:
@@ -86,25 +120,15 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        session = self._factory()
-        try:
+        """A transaction that may write (on SQLite it holds the write lock throughout)."""
+        with _scope(self._factory) as session:
             yield session
-            session.commit()
-        except TunerServiceError:
-            session.rollback()
-            raise
-        except IntegrityError as e:
-            session.rollback()
-            raise ConflictError(f"conflicting write: {e.orig}") from e
-        except SQLAlchemyError as e:
-            session.rollback()
-            logger.warning("database error: %s", e)
-            raise DatabaseError(f"database unavailable or failed: {type(e).__name__}") from e
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
+
+    @contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A transaction that only reads: never takes or waits for SQLite's write lock."""
+        with _scope(self._read_factory) as session:
+            yield session
 
     def run(self, work: Callable[[Session], T], attempts: int = 4) -> T:
         """``work`` in one transaction, retried when PostgreSQL aborts it for a deadlock or a
@@ -123,3 +147,43 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._read_engine is not None:
+            self._read_engine.dispose()
+
+
+@contextmanager
+def _scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except TunerServiceError:
+        session.rollback()
+        raise
+    except SQLAlchemyError as e:
+        session.rollback()
+        raise translate(e) from e
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def translate(e: SQLAlchemyError) -> TunerServiceError:
+    """The service error for a database error: what the client should do about it."""
+    if isinstance(e, IntegrityError):
+        return ConflictError(f"conflicting write: {e.orig}")
+    if isinstance(e, DataError):  # a value the database cannot hold: the request's fault
+        logger.info("database refused a value: %s", e.orig)
+        return InvalidInputError(f"a value cannot be stored: {_first_line(e.orig)}")
+    if isinstance(e, PoolTimeoutError) or (
+            isinstance(e, OperationalError) and "database is locked" in str(e.orig)):
+        logger.warning("database busy: %s", _first_line(getattr(e, "orig", None) or e))
+        return DatabaseBusyError("database busy; try again shortly")
+    logger.warning("database error: %s", e)
+    return DatabaseError(f"database unavailable or failed: {type(e).__name__}")
+
+
+def _first_line(error: object) -> str:
+    return str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__

@@ -7,6 +7,8 @@ class TunerServiceError(Exception):
     """Root of every error ``tuner_service`` raises on purpose."""
 
     status_code = 500
+    #: seconds a client should wait before trying again (sent as ``Retry-After``); None: never
+    retry_after_s: int | None = None
 
 
 class NotFoundError(TunerServiceError):
@@ -39,6 +41,13 @@ class DatabaseError(TunerServiceError):
     """The database failed or is unreachable (translated at the session edge)."""
 
     status_code = 503
+    retry_after_s = 2
+
+
+class DatabaseBusyError(DatabaseError):
+    """The wait for SQLite's write lock (or a pooled connection) passed its bound."""
+
+    retry_after_s = 1
 
 
 class SchemaOutdatedError(TunerServiceError):

@@ -15,6 +15,22 @@ from sqlalchemy import DateTime
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+#: timestamps every database and client can hold (PostgreSQL and Python part ways at the edges
+#: of year 1 and 9999, and an offset can push a value past them)
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+
+
+def bounded_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` in UTC if it lies from 1970 to 9000, else ValueError."""
+    try:
+        utc = as_utc(value)
+    except OverflowError as e:
+        raise ValueError(f"timestamp {value.isoformat()} out of range (1970 to 9000 UTC)") from e
+    if not EARLIEST <= utc < LATEST:
+        raise ValueError(f"timestamp {value.isoformat()} out of range (1970 to 9000 UTC)")
+    return utc
+
 
 def as_utc(value: dt.datetime) -> dt.datetime:
     """``value`` in UTC; a naive value is taken to be UTC already. Raises OverflowError when the

@@ -5,17 +5,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import InvalidWorkloadError
-from schedule_templates.workloads import parse_workload
+from schedule_templates.workloads import Workload, parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.errors import InvalidInputError, NotFoundError
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task
+from tuner_service.jobs.budget import ResourceBudget
 from tuner_service.jobs.templates import template_for
 
 logger = logging.getLogger(__name__)
@@ -31,15 +32,23 @@ class JobSpec:
     device_key: str | None = None
     threads: int | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the token that created the job (it may cancel it); None for jobs made in-process
+    owner_token_id: int | None = None
 
 
-def create_job(session: Session, spec: JobSpec) -> Job:
+def create_job(session: Session, spec: JobSpec, budget: ResourceBudget | None = None) -> Job:
+    """Store a job and its tasks; with ``budget``, refuse one that asks more of a worker."""
     _check_spec(spec)
+    if budget is not None:
+        budget.check_options(spec.options)
     tasks = _model_tasks(session, spec.model_id) if spec.model_id else _workload_tasks(
         session, spec.workloads)
+    if budget is not None:
+        budget.check_workloads(_parsed(tasks))
     job = Job(model_id=spec.model_id, target=spec.target, device_key=spec.device_key,
               trials_per_task=spec.trials_per_task, tuner=spec.tuner, options=spec.options,
-              threads=spec.threads, status="queued", message="")
+              threads=spec.threads, status="queued", message="",
+              owner_token_id=spec.owner_token_id)
     session.add(job)
     session.flush()
     tunable = 0
@@ -70,6 +79,14 @@ def _check_spec(spec: JobSpec) -> None:
         raise InvalidInputError("give exactly one of 'model_id' and 'workloads'")
     if not spec.target.strip():
         raise InvalidInputError("'target' must not be empty")
+
+
+def _parsed(tasks: Sequence[Task]) -> Iterator[tuple[str, Workload]]:
+    for task in tasks:
+        try:
+            yield task.workload_key, parse_workload(task.workload_key)
+        except InvalidWorkloadError as e:  # a model stored by an older version
+            raise InvalidInputError(f"task {task.id}: {e}") from e
 
 
 def _model_tasks(session: Session, model_id: int | None) -> list[Task]:

@@ -3,9 +3,10 @@ release, and returning expired leases. Every lease is timed by the database cloc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
@@ -16,7 +17,8 @@ from schedule_templates.records import ErrorKind, MeasureResult
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, JobTask, Measurement, Worker
-from tuner_service.jobs.results import Outcome, store_result
+from tuner_service.jobs.device import class_of_hardware
+from tuner_service.jobs.results import Lease, Measured, Outcome, store_result
 from tuner_service.jobs.templates import SpaceCache
 
 logger = logging.getLogger(__name__)
@@ -173,24 +175,65 @@ def claim_batch(db: Database, worker_id: int, max_items: int, lease_s: float,
     return db.run(attempt)
 
 
-def report_results(session: Session, worker_id: int,
-                   results: Sequence[tuple[int, MeasureResult, float | None]]) -> dict[str, Any]:
-    """Store each (measure id, result, peak GFLOPS); the answer sorts them as the protocol says."""
-    touch_worker(session, worker_id)
-    answer: dict[str, Any] = {"accepted": [], "duplicates": [], "rejected": []}
-    for measure_id, result, peak in results:
-        problem = _result_problem(result)
+def report_results(session: Session, worker: Worker,
+                   results: Sequence[tuple[int, MeasureResult, float | None, str]],
+                   measured: Mapping[int, Measured] | None = None) -> dict[str, Any]:
+    """Store each (measure id, result, peak GFLOPS, problem found while decoding) of a worker.
+
+    A result counts only on the worker's own live lease. Every result gets a status in
+    ``statuses`` (accepted, duplicate, rejected, expired, not_leased_by_you, unknown); the
+    older ``accepted``/``duplicates``/``rejected`` lists hold the same ids (refused ones are in
+    ``rejected`` with their reason), so a worker drops every one of them from its spool.
+    ``measured``: the device class and threads per measure id, as the worker reported them
+    (a result without a class gets the one the worker registered with).
+    """
+    registered = Measured(class_of_hardware(worker.hardware))
+    touch_worker(session, worker.id)
+    answer: dict[str, Any] = {"accepted": [], "duplicates": [], "rejected": [], "statuses": []}
+    lease = Lease(worker.id, worker.device_key)
+    for measure_id, result, peak, problem in results:
+        problem = problem or _result_problem(result)
         if problem:
-            answer["rejected"].append({"measure_id": measure_id, "reason": problem})
-            continue
-        outcome = store_result(session, measure_id, result, peak, worker_id)
-        if outcome is Outcome.ACCEPTED:
+            status = "rejected"
+        else:
+            device = (measured or {}).get(measure_id) or registered
+            if device.device_class is None:
+                device = dataclasses.replace(device, device_class=registered.device_class)
+            outcome = store_result(session, measure_id, result, peak, worker.id, lease=lease,
+                                   device=device)
+            status, problem = _status(session, worker.id, measure_id, outcome)
+        answer["statuses"].append({"measure_id": measure_id, "status": status,
+                                   "reason": problem})
+        if status == "accepted":
             answer["accepted"].append(measure_id)
-        elif outcome is Outcome.DUPLICATE:
+        elif status == "duplicate":
             answer["duplicates"].append(measure_id)
         else:
-            answer["rejected"].append({"measure_id": measure_id, "reason": "unknown measure_id"})
+            answer["rejected"].append({"measure_id": measure_id,
+                                       "reason": f"{status}: {problem}" if problem else status})
+    refused = [s for s in answer["statuses"] if s["status"] in ("expired", "not_leased_by_you")]
+    if refused:
+        logger.warning("worker %d reported %d result(s) it holds no live lease for: %s",
+                       worker.id, len(refused), [s["measure_id"] for s in refused[:10]])
     return answer
+
+
+def _status(session: Session, worker_id: int, measure_id: int, outcome: Outcome
+            ) -> tuple[str, str]:
+    """The protocol status of one stored (or refused) result, with a reason when refused."""
+    if outcome is Outcome.ACCEPTED:
+        return "accepted", ""
+    if outcome is Outcome.DUPLICATE:
+        return "duplicate", ""
+    if outcome is Outcome.UNKNOWN:
+        return "unknown", "unknown measure_id"
+    row = session.execute(
+        select(Measurement.state, Measurement.lease_owner,
+               Measurement.lease_expires_at < utcnow())
+        .where(Measurement.id == measure_id)).first()
+    if row is not None and row[0] == "leased" and row[1] == worker_id and row[2]:
+        return "expired", "the lease expired before the result arrived; it is measured again"
+    return "not_leased_by_you", "this worker holds no lease on the measurement"
 
 
 def _result_problem(result: MeasureResult) -> str:

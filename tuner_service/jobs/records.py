@@ -22,6 +22,8 @@ from schedule_templates.errors import ScheduleError
 from schedule_templates.records import ErrorKind, MeasureResult
 from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.models import Measurement
+from tuner_service.db.types import bounded_utc
+from tuner_service.db.values import check_tree
 from tuner_service.jobs.results import measurement_result, update_tuning_log
 from tuner_service.jobs.templates import SpaceCache
 from tuner_service.jobs.views import iso
@@ -31,10 +33,15 @@ RECORD_VERSION = 1
 
 
 def export_record(m: Measurement) -> dict[str, Any]:
+    result = measurement_result(m).to_json()
+    for key in ("compile_time_s", "wall_time_s"):  # rows stored before inputs were checked
+        if not math.isfinite(result[key]):
+            result[key] = 0.0
+    peak = m.peak_gflops if m.peak_gflops is not None and math.isfinite(m.peak_gflops) else None
     return {
         "uid": m.uid, "workload": m.workload_key, "target": m.target, "template": m.template,
         "template_version": m.template_version, "config": m.config,
-        "result": {**measurement_result(m).to_json(), "peak_gflops": m.peak_gflops},
+        "result": {**result, "peak_gflops": peak},
         "device_key": m.device_key, "timestamp": iso(m.finished_at),
         "device_class": m.device_class, "threads": m.threads, "purpose": m.purpose,
         "record_version": RECORD_VERSION,
@@ -48,10 +55,7 @@ def export_lines(session: Session, workload: str | None, target: str | None,
         query = query.where(Measurement.workload_key == workload)
     if target:
         query = query.where(Measurement.target == target)
-    if since is not None:
-        # stored times are UTC (SQLite keeps them naive), so compare in UTC
-        if since.tzinfo is not None:
-            since = since.astimezone(dt.UTC).replace(tzinfo=None)
+    if since is not None:  # the column type compares in UTC on both databases
         query = query.where(Measurement.finished_at >= since)
     for m in session.scalars(query.order_by(Measurement.id).execution_options(yield_per=500)):
         yield json.dumps(export_record(m)) + "\n"
@@ -78,6 +82,11 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
     record = json.loads(line)
     if not isinstance(record, dict):
         raise ValueError("a record must be a JSON object")
+    result_json = record.get("result")
+    if isinstance(result_json, dict) and isinstance(result_json.get("error_message"), str):
+        # an error text is context: NUL (which PostgreSQL text cannot hold) is dropped
+        result_json["error_message"] = result_json["error_message"].replace("\x00", "")
+    check_tree(record, max_depth=16)  # finite numbers, clean text, bounded nesting
     template, workload = _text(record, "template", 128), _text(record, "workload", 512)
     version = record["template_version"]
     if not isinstance(version, int) or isinstance(version, bool):
@@ -154,11 +163,12 @@ def _timestamp(value: Any) -> dt.datetime | None:
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
         try:
-            return dt.datetime.fromtimestamp(float(value), dt.UTC)
+            return bounded_utc(dt.datetime.fromtimestamp(float(value), dt.UTC))
         except (OverflowError, OSError) as e:
             raise ValueError(f"timestamp {value} is out of range") from e
-    parsed = dt.datetime.fromisoformat(str(value))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    if not isinstance(value, str):
+        raise ValueError(f"'timestamp' must be ISO 8601 text or seconds, not {value!r}")
+    return bounded_utc(dt.datetime.fromisoformat(value))
 
 
 def _store(session: Session, records: list[Measurement]) -> dict[str, Any]:

@@ -7,7 +7,15 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 
-from tuner_service.api.deps import DriverDep, JobDep, Reader, SessionDep, SettingsDep, UserToken
+from tuner_service.api.deps import (
+    DriverDep,
+    JobDep,
+    OwnedJob,
+    SessionDep,
+    SettingsDep,
+    UserReader,
+    UserToken,
+)
 from tuner_service.api.schemas import (
     MAX_ID,
     JobConfigs,
@@ -25,7 +33,7 @@ router = APIRouter(tags=["jobs"])
 
 @router.post("/jobs", response_model=JobCreated, status_code=201)
 def post_job(
-    _token: UserToken,
+    token: UserToken,
     body: JobCreate,
     session: SessionDep,
     settings: SettingsDep,
@@ -37,8 +45,9 @@ def post_job(
         device_key=body.device_key, threads=body.threads or settings.measure_threads,
         options={**settings.measure_options().to_json(),
                  **body.options.model_dump(exclude_none=True)},
+        owner_token_id=token.id,
     )
-    job = create_job(session, spec)
+    job = create_job(session, spec, settings.budget())
     if driver is not None:
         driver.wake()
     return JobCreated(job_id=job.id)
@@ -46,7 +55,7 @@ def post_job(
 
 @router.get("/jobs", response_model=list[JobListItem])
 def get_jobs(
-    _reader: Reader,
+    _reader: UserReader,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
@@ -54,14 +63,14 @@ def get_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobPublic)
-def get_job(_reader: Reader, job: JobDep, session: SessionDep) -> dict[str, Any]:
+def get_job(_reader: UserReader, job: JobDep, session: SessionDep) -> dict[str, Any]:
     return views.job_status(session, job)
 
 
 @router.get("/jobs/{job_id}/configs", response_model=JobConfigs,
             responses={200: {"content": {"application/x-ndjson": {}}}})
 def get_configs(
-    _reader: Reader,
+    _reader: UserReader,
     job: JobDep,
     session: SessionDep,
     format: Literal["json", "autotvm"] = "json",
@@ -75,17 +84,18 @@ def get_configs(
 
 @router.get("/jobs/{job_id}/history", response_model=JobHistory)
 def get_history(
-    _reader: Reader,
+    _reader: UserReader,
     job: JobDep,
     session: SessionDep,
     task_id: Annotated[int, Query(ge=1, le=MAX_ID)],
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> dict[str, Any]:
     points = views.history(session, job.id, task_id, after)
     return {"job_id": job.id, "task_id": task_id, "points": points}
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
-def post_cancel(_token: UserToken, job: JobDep, session: SessionDep) -> dict[str, Any]:
+def post_cancel(job: OwnedJob, session: SessionDep) -> dict[str, Any]:
+    """Cancel a job: its owner (the token that created it) or an admin; others get 403."""
     cancel_job(session, job)
     return views.job_status(session, job)

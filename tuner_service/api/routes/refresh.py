@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
-from tuner_service.api.deps import Reader, SessionDep, SettingsDep
+from tuner_service.api.deps import Reader, SessionDep, SettingsDep, UserReader
 from tuner_service.jobs.log_export import autotvm_log_lines
 from tuner_service.jobs.stale import find_stale
 
@@ -46,7 +46,7 @@ class StaleReportPublic(BaseModel):
 
 @router.get("/tuning-log/stale", response_model=StaleReportPublic)
 def get_stale(
-    _reader: Reader,
+    _reader: UserReader,
     session: SessionDep,
     settings: SettingsDep,
     older_than_days: Annotated[float, Query(ge=0, le=36_500)] = 7.0,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
@@ -11,8 +10,8 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from tuner_service.api.deps import DbDep, Reader, SessionDep, SettingsDep, UserToken
-from tuner_service.api.schemas import Health, ImportAnswer, TuningLogPublic
+from tuner_service.api.deps import DbDep, Reader, SessionDep, SettingsDep, UserReader, UserToken
+from tuner_service.api.schemas import Health, ImportAnswer, Timestamp, TuningLogPublic
 from tuner_service.db.errors import PayloadTooLargeError, TunerServiceError
 from tuner_service.jobs import log, records
 
@@ -23,19 +22,23 @@ router = APIRouter(tags=["tuning log"])
 def get_best(
     _reader: Reader,
     session: SessionDep,
-    workload: str,
-    target: str = "llvm",
+    workload: Annotated[str, Query(max_length=512)],
+    target: Annotated[str, Query(max_length=255)] = "llvm",
+    device_class: Annotated[str | None, Query(max_length=255)] = None,
+    threads: Annotated[int | None, Query(ge=1, le=4096)] = None,
 ) -> dict[str, Any]:
-    return log.best(session, workload, target)
+    """With ``device_class``: exact class, same microarchitecture, same ISA level, else the
+    template default (``match`` says which); without, the fastest entry of any class."""
+    return log.best(session, workload, target, device_class, threads)
 
 
 @router.get("/tuning-log", response_model=list[TuningLogPublic])
 def get_tuning_log(
     _reader: Reader,
     session: SessionDep,
-    op: str | None = None,
-    target: str | None = None,
-    workload: str | None = None,
+    op: Annotated[str | None, Query(max_length=64)] = None,
+    target: Annotated[str | None, Query(max_length=255)] = None,
+    workload: Annotated[str | None, Query(max_length=512)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
     device_class: Annotated[str | None, Query(max_length=255)] = None,
 ) -> list[dict[str, Any]]:
@@ -45,11 +48,11 @@ def get_tuning_log(
 @router.get("/records", response_class=PlainTextResponse,
             responses={200: {"content": {"application/x-ndjson": {}}}})
 def get_records(
-    _reader: Reader,
+    _reader: UserReader,
     session: SessionDep,
-    workload: str | None = None,
-    target: str | None = None,
-    since: dt.datetime | None = None,
+    workload: Annotated[str | None, Query(max_length=512)] = None,
+    target: Annotated[str | None, Query(max_length=255)] = None,
+    since: Annotated[Timestamp | None, Query()] = None,
 ) -> PlainTextResponse:
     key = log.canonical_key(workload) if workload else None
     body = "".join(records.export_lines(session, key, target, since))
@@ -88,7 +91,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 @router.get("/health", response_model=Health)
 def get_health(db: DbDep) -> dict[str, Any]:
     try:
-        with db.session() as session:
+        with db.read_session() as session:
             revision = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
         state = "ok"
     except TunerServiceError:

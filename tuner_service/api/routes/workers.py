@@ -12,9 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from tuner_service.api.deps import (
     DbDep,
     DriverDep,
-    Reader,
     SessionDep,
     SettingsDep,
+    UserReader,
     WorkerDep,
     WorkerToken,
 )
@@ -30,7 +30,9 @@ from tuner_service.api.schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
+from tuner_service.db.errors import ForbiddenError
 from tuner_service.jobs import log, queue
+from tuner_service.jobs.results import Measured
 
 router = APIRouter(tags=["workers"])
 
@@ -44,6 +46,11 @@ def register(
     session: SessionDep,
     settings: SettingsDep,
 ) -> WorkerRegistered:
+    if token.device_key is not None and body.device_key != token.device_key:
+        raise ForbiddenError(
+            f"this worker token is bound to device key {token.device_key!r}, not "
+            f"{body.device_key!r}: start the worker with --device-key {token.device_key} or "
+            "create a token for this device (tuner token create --role worker --device-key K)")
     worker = queue.register_worker(session, body.model_dump(), token.id)
     return WorkerRegistered(worker_id=worker.id, lease_s=settings.lease_s,
                             heartbeat_s=settings.heartbeat_s)
@@ -89,9 +96,10 @@ def post_results(
 ) -> dict[str, Any]:
     # sorted, so concurrent reports take row locks in one order; retried if PostgreSQL still
     # picks this transaction as a deadlock victim
-    results = sorted(((r.measure_id, r.to_result(), r.peak_gflops) for r in body.results),
-                     key=lambda item: item[0])
-    answer = db.run(lambda session: queue.report_results(session, worker.id, results))
+    results = sorted(((r.measure_id, r.to_result(), r.peak_gflops, r.invalid)
+                      for r in body.results), key=lambda item: item[0])
+    measured = {r.measure_id: Measured(r.device_class, r.threads) for r in body.results}
+    answer = db.run(lambda session: queue.report_results(session, worker, results, measured))
     if driver is not None and answer["accepted"]:
         driver.wake()
     return answer
@@ -104,7 +112,7 @@ def post_release(body: MeasureIds, worker: WorkerDep, session: SessionDep) -> Re
 
 @router.get("/workers", response_model=list[WorkerPublic])
 def get_workers(
-    _reader: Reader,
+    _reader: UserReader,
     session: SessionDep,
     settings: SettingsDep,
 ) -> list[dict[str, Any]]:
