@@ -55,8 +55,10 @@ def user_error(error: BaseException) -> str | None:
 
     if isinstance(error, ScheduleError | WorkerError):
         return first_line(str(error))
-    from tuner_service.db.errors import TunerServiceError
-
+    try:  # the server's errors (tuner_service.db pulls in sqlalchemy: not on a worker install)
+        from tuner_service.db.errors import TunerServiceError
+    except ImportError:
+        return None
     if isinstance(error, TunerServiceError):
         cause = error.__cause__
         detail = f" ({first_line(getattr(cause, 'orig', None) or cause)})" if cause else ""

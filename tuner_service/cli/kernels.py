@@ -65,7 +65,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Config]:
         try:
             data = json.loads(args.config)
         except json.JSONDecodeError as e:
-            raise SystemExit(f"error: --config is not JSON: {e}") from None
+            raise InvalidConfigError(f"--config is not JSON: {e}") from None
         config = space.from_json(data)
     else:
         config = template.default_config(workload)

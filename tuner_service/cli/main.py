@@ -17,6 +17,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 from tuner_service import logging_setup
 from tuner_service.cli.errors import EXIT_BAD_INPUT, user_error
@@ -35,8 +36,15 @@ _GROUPS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (the full usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
                         help="text or JSON lines (default: TUNER_LOG_FORMAT, else text)")

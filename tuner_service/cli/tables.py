@@ -16,14 +16,14 @@ _ABBREVIATIONS = {"conv2d": "conv", "depthwise_conv2d": "dwconv", "batch_matmul"
 
 
 def short_label(key: str) -> str:
-    """A label of at most about 28 characters that tells a model's layers apart."""
+    """A label of at most about 30 characters that tells a model's layers apart."""
     from schedule_templates.errors import ScheduleError
     from schedule_templates.workloads import parse_workload
 
     try:
         w: Any = parse_workload(key)
     except ScheduleError:
-        return key if len(key) <= 28 else key[:27] + "…"
+        return key if len(key) <= 30 else key[:29] + "…"
     op = _ABBREVIATIONS.get(w.op, w.op)
     if w.op in ("conv2d", "depthwise_conv2d"):
         channels = f"{w.C}>{w.K}" if w.op == "conv2d" else f"{w.C}"

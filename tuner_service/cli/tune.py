@@ -111,7 +111,21 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "tuner tune MODEL.onnx measures on this machine's CPU (target llvm); " \
                "for a GPU use `tuner submit` with a CUDA worker"
     if not Path(args.model).is_file():
-        return f"no such file {args.model}"
+        return f"cannot read {args.model}: no such file"
+    return _check_model(Path(args.model))
+
+
+def _check_model(path: Path) -> str | None:
+    """Read the model here first: a bad file is reported before any server starts."""
+    from tuner_service.frontend.errors import ModelError
+    from tuner_service.frontend.extract import extract_tasks
+
+    try:
+        result = extract_tasks(path)  # a path: external data is read from its folder
+    except ModelError as e:
+        return f"{path}: {e}"
+    if not result.tasks:
+        return f"{path}: no layer can be tuned (`tuner extract {path}` lists why)"
     return None
 
 
@@ -188,6 +202,7 @@ class _LiveView:
         self.quiet = quiet
         self._live: Any = None
         self._last = 0.0
+        self._line = ""
         self._started = time.monotonic()
 
     def __enter__(self) -> _LiveView:
@@ -223,7 +238,10 @@ class _LiveView:
             return
         if progress.finished:
             print(tables.plain_table(progress), flush=True)
-        elif time.monotonic() - self._last >= 10:
-            note = f" (note: {progress.health})" if progress.health else ""
-            print(f"{progress.trials_done}/{progress.trials_budget} trials{note}", flush=True)
-            self._last = time.monotonic()
+            return
+        line = f"{progress.trials_done}/{progress.trials_budget} trials" + (
+            f" (note: {progress.health})" if progress.health else "")
+        quiet_for = time.monotonic() - self._last
+        if (line != self._line and quiet_for >= 10) or quiet_for >= 60:
+            print(line, flush=True)
+            self._line, self._last = line, time.monotonic()

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from tuner_service.cli.errors import UsageError
 
 ENV_SERVER = "TUNER_SERVER"
 ENV_TOKEN = "TUNER_TOKEN"
@@ -57,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from workers.settings import WorkerSettings, default_spool_dir
 
     if not args.server or not args.token:
-        print(f"tuner worker: --server and --token (or {ENV_SERVER}, {ENV_TOKEN}) are required")
+        print(f"error: tuner worker needs --server and --token (or {ENV_SERVER}, {ENV_TOKEN})",
+              file=sys.stderr)
         return 2
     backend = args.backend or args.target.split()[0]
     if backend == "cuda" and args.target.strip() == "cuda":
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir or default_spool_dir(), max_idle_s=args.max_idle_s,
             once=args.once, poll_s=args.poll_s, **extra)
     except ValueError as e:
-        print(f"tuner worker: {e}")
+        print(f"error: tuner worker: {e}", file=sys.stderr)
         return 2
     return run_worker(settings)
 
@@ -86,7 +90,7 @@ def _cuda_target() -> str:
     try:
         return target_for(gpu_facts())
     except WorkerError as e:
-        raise SystemExit(f"tuner worker: {e}") from None
+        raise UsageError(f"tuner worker: {e}") from None
 
 
 def parse_backend_options(pairs: list[str]) -> dict[str, Any]:

@@ -140,10 +140,13 @@ def worker_processes(url: str, token: str, workers: LocalWorkers, log_dir: Path
         for n in range(workers.count):
             log_path = log_dir / f"worker-{n + 1}.log"
             with log_path.open("ab") as log:
+                # a session of its own: Ctrl-C in the terminal reaches only us, and we stop the
+                # worker with SIGTERM, which lets it report what it measured first
                 processes.append(subprocess.Popen(
                     _worker_command(url, token, workers, f"local-{n + 1}",
                                     log_dir / "spool" / f"worker-{n + 1}"), stdout=log,
-                    stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+                    stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    start_new_session=True))
             logs.append(log_path)
         yield logs
     finally:

@@ -1,0 +1,95 @@
+"""``tuner tune MODEL.onnx``: a real job on the embedded service with a real local worker; it
+writes configs and records, pushes them to a server, resumes when interrupted, and reuses a
+finished job instead of measuring again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli.conftest import TUNER, run_tuner
+from tuner_service.settings import Settings
+from tuner_service.tuning.embedded import LocalService, local_service
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[LocalService]:
+    """A second server (no workers) to push records to."""
+    data = tmp_path / "remote"
+    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'tuner.db'}", port=0)
+    with local_service(settings, workers=None) as service:
+        yield service
+
+
+def _tune(model: Path, out: Path, *extra: str) -> dict:
+    done = run_tuner(["tune", str(model), "-o", str(out), "--json", *extra], model.parent)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_model_is_tuned_pushed_and_reused(small_model: Path, remote: LocalService) -> None:
+    out = small_model.parent / "out"
+    report = _tune(small_model, out, "--trials", "2", "--push", remote.url, "--token",
+                   remote.token)
+    assert report["status"] == "done" and report["origin"] == "new"
+    assert [t["trials_done"] for t in report["tasks"]] == [2, 2]
+    configs = json.loads((out / "configs.json").read_text())
+    assert all(task["config"] is not None for task in configs["tasks"])
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) >= 4
+    assert report["pushed"]["imported"] == len(records)
+    pushed = httpx.get(f"{remote.url}/api/v1/records",
+                       headers={"Authorization": f"Bearer {remote.token}"}).text
+    assert {r["uid"] for r in records} <= {json.loads(line)["uid"]
+                                           for line in pushed.splitlines()}
+
+    again = _tune(small_model, out, "--trials", "2")
+    assert again["origin"] == "reused" and again["job_id"] == report["job_id"]
+    assert len((out / "records.jsonl").read_text().splitlines()) == len(records)
+
+
+def _trials_done(database: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as db:
+            return int(db.execute("SELECT COALESCE(SUM(trials_done), 0) FROM job_tasks")
+                       .fetchone()[0])
+    except sqlite3.Error:
+        return 0  # not created yet
+
+
+def test_an_interrupted_run_resumes_from_its_log(small_model: Path) -> None:
+    out = small_model.parent / "out"
+    env_home = {"HOME": str(small_model.parent)}
+    process = subprocess.Popen([*TUNER, "tune", str(small_model), "-o", str(out), "--trials",
+                                "6"], cwd=small_model.parent, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **env_home})
+    deadline = time.monotonic() + 300
+    while _trials_done(out / "tuner.db") < 3 and process.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "rerun the same command to resume" in stderr
+    before = _trials_done(out / "tuner.db")
+    assert 3 <= before < 12
+
+    report = _tune(small_model, out, "--trials", "6")
+    assert report["origin"] == "resumed" and report["status"] == "done"
+    assert sum(t["trials_done"] for t in report["tasks"]) == 12
+    with sqlite3.connect(out / "tuner.db") as db:
+        jobs = db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+    assert jobs == 1  # the same job went on
