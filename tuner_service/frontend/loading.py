@@ -62,6 +62,7 @@ def load_model(model: ModelInput, input_shapes: InputShapes | None = None,
         proto = _copy(data)
     if files is not None and embed_external_data(proto, files):
         data = b""
+    files = None  # the tensors hold their bytes now; a folder's files need not stay in memory
     refuse_external_data(proto)
     refuse_negative_dims(proto)
     if input_shapes:
