@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     extract = subparsers.add_parser(
         "extract",
         help="list the tuning tasks of an ONNX model",
-        description="Extract tunable layers (conv2d, depthwise_conv2d, dense, batch_matmul) "
-        "from an ONNX model, merged by identical workload.",
+        description="Extract tunable layers (conv2d, depthwise_conv2d, group_conv2d, dense, "
+        "batch_matmul) from an ONNX model, merged by identical workload.",
     )
     extract.add_argument("model", type=Path, metavar="MODEL.onnx")
     add_input_shape_flag(extract)
