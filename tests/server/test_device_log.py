@@ -171,3 +171,18 @@ def test_pack_queries_are_checked(client: TestClient, resolve: bool) -> None:
     answer = client.get("/api/v1/packs", params={"device_class": "nope", "resolve": resolve,
                                                  "target": "llvm"})
     assert answer.status_code == 422
+
+
+def test_transfer_priors_keep_the_closest_device_level_with_enough_records() -> None:
+    from tuner_service.jobs.transfer import MIN_LEVEL_RECORDS, closest_rows
+
+    def rows(device_class: str | None, count: int) -> list[tuple[Any, ...]]:
+        return [(KEY, i, [1e-4], 0, device_class) for i in range(count)]
+
+    same_arch, same_isa, unknown = (rows(ZEN4_BIG, MIN_LEVEL_RECORDS), rows(ZEN5, 40),
+                                    rows(None, 5))
+    everything = same_isa + same_arch + unknown
+    assert closest_rows(everything, ZEN4) == same_arch  # no Zen 4 2c records: other Zen 4s
+    few = same_isa + same_arch[:10] + unknown
+    assert closest_rows(few, ZEN4) == same_isa + same_arch[:10]  # too few: the ISA level
+    assert closest_rows(everything, GRAVITON) == everything  # nothing related: all of them

@@ -64,17 +64,22 @@ def parse_class(text: str) -> DeviceClass:
 
 def level_of(entry: TuningLogEntry, query: DeviceQuery) -> Match | None:
     """The best level at which ``entry`` answers ``query`` (None: it does not)."""
-    wanted = query.device_class
-    if wanted is None:
+    if query.device_class is None:
         return Match.ANY
-    if entry.device_class == UNKNOWN:
+    return class_level(entry.device_class, query.device_class, entry.threads == query.threads)
+
+
+def class_level(have: str, wanted: DeviceClass, same_threads: bool = True) -> Match | None:
+    """How close a record of class ``have`` is to ``wanted`` (None: unrelated or unknown)."""
+    if have == UNKNOWN:
         return None
-    if entry.device_class == wanted.id and entry.threads == query.threads:
+    if have == wanted.id and same_threads:
         return Match.EXACT
-    have = DeviceClass.parse(entry.device_class)
-    if (have.kind, have.vendor, have.microarch) == (wanted.kind, wanted.vendor, wanted.microarch):
+    parsed = DeviceClass.parse(have)
+    if (parsed.kind, parsed.vendor, parsed.microarch) == (wanted.kind, wanted.vendor,
+                                                          wanted.microarch):
         return Match.MICROARCH
-    if (have.kind, have.isa_level) == (wanted.kind, wanted.isa_level):
+    if (parsed.kind, parsed.isa_level) == (wanted.kind, wanted.isa_level):
         return Match.ISA_LEVEL
     return None
 

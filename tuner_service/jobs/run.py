@@ -230,7 +230,9 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
     device = _reported_gpu(session, job) if template.target_kind == "cuda" else None
     space = template.space(workload, device)
     # xgb-transfer starts from the shared log: this template's measurements on other workloads
-    transfer = (transfer_records(session, template, job.target, jt.id)
+    transfer = (transfer_records(session, template, job.target, jt.id,
+                                 device_class=known.device_class.id
+                                 if known and known.device_class else None)
                 if job.tuner in TRANSFER_TUNERS else [])
     tuner = make_tuner(job.tuner, workload, space, seed=(job.id << 20) ^ jt.id,
                        template=template, transfer=transfer)
