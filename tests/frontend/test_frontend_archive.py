@@ -17,6 +17,7 @@ from onnx import helper  # noqa: E402
 from tuner_service.frontend.archive import (  # noqa: E402
     ArchiveLimits,
     is_archive,
+    model_upload,
     pack_model,
     read_archive,
 )
@@ -141,3 +142,13 @@ def test_pack_model_leaves_self_contained_models_alone(saved: Path, tmp_path: Pa
     path = tmp_path / "whole.onnx"
     onnx.save(onnx.load(str(saved)), str(path))  # loads the data, saves it inline
     assert pack_model(path) is None
+
+
+@pytest.mark.parametrize(("make", "suffix"), [(make_zip, "zip"), (make_tar, "tar.gz")])
+def test_an_archive_on_disk_loads_like_an_upload(saved: Path, tmp_path: Path, make: Any,
+                                                 suffix: str) -> None:
+    path = tmp_path / f"model.{suffix}"
+    path.write_bytes(make(_members(saved, "model/")))
+    assert [t.workload.key for t in extract_tasks(path).tasks] == [CONV_KEY]
+    assert pack_model(path) is None  # submitted as it is
+    assert model_upload(path) == (path.read_bytes(), path.name)

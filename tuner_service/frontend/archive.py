@@ -43,6 +43,11 @@ class ArchiveLimits:
     max_members: int  # entries, directories included
 
 
+#: limits for an archive on the user's own disk (``tuner extract model.zip``): still bounded,
+#: so a mistaken or hostile file cannot exhaust memory
+LOCAL_LIMITS = ArchiveLimits(max_bytes=2 << 30, max_members=4096)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelArchive:
     """The ``.onnx`` member and the other files, named relative to the ``.onnx``'s folder."""
@@ -203,7 +208,8 @@ class _LimitedReader(io.RawIOBase):
 
 def pack_model(path: Path) -> bytes | None:
     """A zip (stored, not compressed: weights do not compress) of the model at ``path`` and
-    the data files it names, or None when the model is self-contained."""
+    the data files it names, or None when the model is self-contained or already an
+    archive."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -211,9 +217,12 @@ def pack_model(path: Path) -> bytes | None:
 
     try:
         model = path.read_bytes()
-        proto = onnx.load_model_from_string(model)
     except OSError as e:
         raise ModelError(f"cannot read {path}: {e.strerror or e}") from e
+    if is_archive(model):
+        return None  # already the form uploads take
+    try:
+        proto = onnx.load_model_from_string(model)
     except (DecodeError, ValueError) as e:
         raise ModelError(f"{path} is not an ONNX model: {e}") from e
     locations = [loc for loc in external_locations(proto) if loc != path.name]

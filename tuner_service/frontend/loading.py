@@ -55,8 +55,7 @@ def load_model(model: ModelInput, input_shapes: InputShapes | None = None,
     for a model of tens of MB that is several times faster than handing them a Python proto.
     """
     if isinstance(model, Path):
-        files = files or FolderFiles(model.parent)
-        model = _read_file(model)
+        model, files = _read_path(model, files)
     data, proto = _parse(model)
     if isinstance(model, onnx.ModelProto) and (files is not None or input_shapes):
         proto = _copy(data)
@@ -75,11 +74,19 @@ def load_model(model: ModelInput, input_shapes: InputShapes | None = None,
     return _static_shapes(data)
 
 
-def _read_file(path: Path) -> bytes:
+def _read_path(path: Path, files: DataFiles | None) -> tuple[bytes, DataFiles]:
+    """A ``.onnx`` file with its folder's files, or a zip/tar archive of one with its data
+    files (the form uploads take; read with the upload limits' defaults)."""
+    from tuner_service.frontend.archive import LOCAL_LIMITS, is_archive, read_archive
+
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except OSError as e:
         raise ModelError(f"cannot read {path}: {e.strerror or e}") from e
+    if not is_archive(data):
+        return data, files or FolderFiles(path.parent)
+    archive = read_archive(data, LOCAL_LIMITS)
+    return archive.model, files or archive.files
 
 
 def _copy(data: bytes) -> onnx.ModelProto:
