@@ -16,6 +16,7 @@ from schedule_templates.workloads import parse_workload
 from tuner_service.cli.main import build_parser, main
 from tuner_service.db.engine import Database
 from tuner_service.db.models import TuningLogEntry
+from workers.backends.fake import FAKE_DEVICE_CLASS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -76,27 +77,32 @@ def test_refresh_tunes_what_is_stale_and_exports_the_log(
                  "--poll-s", "0.2", "--timeout-s", "240"])
     printed = capsys.readouterr().out
     assert code == 0, printed + worker_processes.log(0) + worker_processes.log(1)
-    assert "stale entries (window 7 days): 7 (1 age, 5 missing, 1 template)" in printed
+    # the seeded entries predate device classes (class ``unknown``): they serve no class, so
+    # every workload is missing for the class of the workers online on each target
+    assert "stale entries (window 7 days): 8 (8 missing)" in printed
 
     report = json.loads((out / "refresh-report.json").read_text())
     reasons = {(i["workload"], i["target"]): i["reason"] for i in report["refreshed"]}
-    assert reasons == {
-        (OLD_TEMPLATE, LLVM): "template", (AGED, LLVM): "age", (ORPHAN, LLVM): "missing",
-        **{(w, ZEN4): "missing" for w in (AGED, OLD_TEMPLATE, FRESH, ORPHAN)}}
+    assert reasons == {(w, t): "missing" for w in (AGED, OLD_TEMPLATE, FRESH, ORPHAN)
+                       for t in (LLVM, ZEN4)}
+    assert {i["device_class"] for i in report["refreshed"]} == {FAKE_DEVICE_CLASS}
     assert [(i["workload"], i["target"]) for i in report["skipped"]] == [(ORPHAN, ICELAKE)]
     assert all(i["gflops_after"] and i["gflops_after"] > 0 for i in report["refreshed"])
-    assert sorted(j["status"] for j in report["jobs"]) == ["done"] * 3
+    assert sorted(j["status"] for j in report["jobs"]) == ["done"] * 2
     assert {(j["target"], j["device_key"]) for j in report["jobs"]} == {
-        (LLVM, None), (LLVM, "epyc"), (ZEN4, "zen4")}
+        (LLVM, "epyc"), (ZEN4, "zen4")}
 
     log = json.loads((out / "tuning-log.json").read_text())
-    assert len(log) == 9  # 4 workloads on llvm and on znver4, 1 left on icelake
-    by_key = {(e["workload"], e["target"]): e for e in log}
+    assert len(log) == 12  # the 4 seeded entries, plus 4 workloads on llvm and on znver4
+    by_key = {(e["workload"], e["target"]): e for e in log
+              if e["device_class"] == FAKE_DEVICE_CLASS}
+    assert len(by_key) == 8
     assert by_key[(OLD_TEMPLATE, LLVM)]["template_version"] == 1
     assert by_key[(OLD_TEMPLATE, LLVM)]["measurement_id"] is not None
     lines = (out / "tuning-log.autotvm.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    assert sorted((r["input"][2][0], r["input"][0]) for r in records) == sorted(by_key)
+    assert sorted((r["input"][2][0], r["input"][0]) for r in records) == sorted(
+        (e["workload"], e["target"]) for e in log)
     assert all(r["result"][1] == 0 and r["config"]["entity"] for r in records)
 
     # refreshed entries are fresh now: the next night has nothing to do but the orphan

@@ -155,10 +155,13 @@ def _export(client: ServiceClient, out: Path, report: dict[str, Any],
     (out / "tuning-log.json").write_text(json.dumps(log, indent=2) + "\n")
     lines = client.request("GET", "/tuning-log/autotvm", params=params)
     (out / "tuning-log.autotvm.jsonl").write_text(lines if isinstance(lines, str) else "")
-    after = {(e["workload"], e["target"]): e for e in log}
+    # the entry each item refreshed: its device class and thread count on that target
+    after = {(e["workload"], e["target"], e.get("device_class"), e.get("threads")): e
+             for e in log}
     refreshed = []
     for item in report["items"]:
-        entry = after.get((item["workload"], item["target"]))
+        entry = after.get((item["workload"], item["target"], item.get("device_class"),
+                           item.get("threads")))
         refreshed.append({**item, "gflops_before": item["gflops"],
                           "gflops_after": entry["gflops"] if entry else None,
                           "template_after": entry["template"] if entry else None,
