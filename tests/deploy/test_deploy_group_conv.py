@@ -117,3 +117,12 @@ def test_tuned_grouped_config_of_the_base_workload_is_used(run_model: RunModel,
     assert_close(got, want, rtol=1e-4)
     (kernel,) = [k for k in _manifest(tmp_path)["kernels"] if k["op"] == "group_conv2d"]
     assert kernel["config"]["index"] == index and kernel["config_source"] == "tuned"
+
+
+def test_runtime_weight_is_not_packed_as_zeros(run_model: RunModel, tmp_path: Path) -> None:
+    """A Conv whose weight is a graph input has no kernel (kernels pack constant weights)."""
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=2, pads=[1, 1, 1, 1])
+    got, want = run_model(make_model([node], {"x": (1, 4, 6, 6), "w": (8, 2, 3, 3)},
+                                     {"y": None}))
+    assert_close(got, want, rtol=1e-4)
+    assert _manifest(tmp_path)["layers"] == []

@@ -164,6 +164,14 @@ def test_conv_without_template(
     assert reason in _only_reason(extract_tasks(_conv_model(tiny_model, x_shape, w_shape, **attrs)))
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_with_a_runtime_weight_is_not_a_task(tiny_model: Any, group: int) -> None:
+    """Kernels pack constant weights once: a weight fed at run time stays with onnx's op."""
+    node = helper.make_node("Conv", ["x", "w"], ["y"], "conv", group=group)
+    model = tiny_model([node], {"x": (1, 4, 6, 6), "w": (8, 4 // group, 3, 3)}, {"y": None})
+    assert "computed at run time" in _only_reason(extract_tasks(model))
+
+
 def _gemm(tiny_model: Any, b_const: bool, **attrs: Any) -> Any:
     b_shape = (16, 8) if attrs.get("transB") else (8, 16)
     node = helper.make_node("Gemm", ["a", "b"], ["y"], "gemm", **attrs)

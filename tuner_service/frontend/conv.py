@@ -25,6 +25,9 @@ def map_conv(node: onnx.NodeProto, graph: GraphIndex) -> Workload:
     """A 1-D or 2-D convolution in channels-first layout, with any valid group count."""
     data, weight = node.input[0], node.input[1]
     graph.require_float32(data, "input")
+    if not graph.is_constant(weight):  # templates pack weights once, outside the timed run
+        raise UnmappableNode(f"the weight {weight!r} is computed at run time; convolution "
+                             "kernels take constant weights")
     x_shape = graph.static_shape(data, "input")
     w_shape = graph.static_shape(weight, "weight")
     if len(x_shape) not in (3, 4) or len(w_shape) != len(x_shape):
