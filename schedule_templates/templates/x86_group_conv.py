@@ -19,7 +19,8 @@ is too short for its transforms to pay off.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -105,57 +106,17 @@ class GroupConv2dX86(Template):
         ko, kt = config["tile_k"]
         oho, oht = config["tile_oh"]
         owo, owt = config["tile_ow"]
-        by_width = config["vector"] == "w"
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
         packed = Buffer("weight_packed", (wl.groups * ko, wl.group_in, wl.R, wl.S, kt))
         out = Buffer("out", (wl.N, wl.K, wl.out_h, wl.out_w))
-        stages: list[Stmt] = []
-        workspace: tuple[Buffer, ...] = ()
-        source: Buffer | None = None
-        if needs_copy(wl, strided_vectors=by_width):
-            source = padded_buffer(wl)
-            workspace = (source,)
-            stages.append(pad_stage(wl, data, source))
-
-        def src(n: Expr, c: Expr, h: Expr, w: Expr) -> Load:
-            if source is not None:
-                return source[n * wl.C + c, h, w]
-            return data[n, c, h, w]
-
+        stages, workspace, src = _activations(wl, data, config["vector"] == "w")
         t, par = loop("t", wl.N * wl.groups * ko * oho, LoopKind.PARALLEL)
         n, rest = t // (wl.groups * ko * oho), t % (wl.groups * ko * oho)
         gk, hb = rest // oho, rest % oho  # gk = group * ko + channel block
-        g, kb = gk // ko, gk % ko
         wb, cols = loop("ow_o", owo)
-        k, k_loop = loop("k", kt, LoopKind.UNROLL if by_width else LoopKind.VECTORIZE)
-        a, a_loop = loop("a", oht, LoopKind.UNROLL)
-        b, b_loop = loop("b", owt, LoopKind.VECTORIZE if by_width else LoopKind.UNROLL)
-        c, c_loop = loop("c", wl.group_in)
-        r, r_loop = loop("r", wl.R)
-        s, s_loop = loop("s", wl.S, LoopKind.UNROLL if config["unroll_s"] == "unroll"
-                         else LoopKind.SERIAL)
-        oh, ow = hb * oht + a, wb * owt + b
-        channel = g * wl.group_out + kb * kt + k
-
-        def tile(body: Stmt) -> Stmt:
-            """The register tile's loops, the vectorized one innermost."""
-            return k_loop(a_loop(b_loop(body))) if by_width else a_loop(b_loop(k_loop(body)))
-
-        # accumulators laid out with the vectorized axis contiguous
-        acc = Buffer("acc", (kt, oht, owt) if by_width else (oht, owt, kt), Scope.LOCAL)
-        cell = acc[k, a, b] if by_width else acc[a, b, k]
-        update = tile(store(cell, src(
-            n, g * wl.group_in + c, oh * wl.stride[0] + r * wl.dilation[0],
-            ow * wl.stride[1] + s * wl.dilation[1]) * packed[gk, c, r, s, k] + cell))
-        reduce = (c_loop(r_loop(s_loop(update))) if config["reduce_order"] == "c_rs"
-                  else r_loop(s_loop(c_loop(update))))
-        stage: EpilogueStage = epilogue_stage(wl)
-        body = Allocate(acc, (
-            tile(store(cell, Const(0.0, "float32"))),
-            reduce,
-            tile(store(out[n, channel, oh, ow], stage.apply(cell, channel, (n, channel, oh, ow)))),
-        ))
-        stages.append(par(cols(body)))
+        origin = _Origin(n, gk // ko, gk, (gk % ko) * kt, hb * oht, wb * owt)
+        stage = epilogue_stage(wl)
+        stages.append(par(cols(_register_tile(wl, config, origin, src, packed, out, stage))))
         params = (data, packed, *stage.buffers, out)
         return Kernel("group_conv2d_x86", params, workspace, tuple(stages))
 
@@ -169,3 +130,63 @@ class GroupConv2dX86(Template):
             wl.groups * ko, wl.group_in, wl.R, wl.S, kt)
         return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed),
                 **epilogue_arguments(wl, inputs)}
+
+
+SourceFn = Callable[[Expr, Expr, Expr, Expr], Load]
+
+
+def _activations(wl: GroupConv2d, data: Buffer, by_width: bool
+                 ) -> tuple[list[Stmt], tuple[Buffer, ...], SourceFn]:
+    """Stages before the convolution, its workspace, and how it reads ``data[n, c, h, w]``
+    (from a zero-bordered copy when padded, or when width vectors need a strided load)."""
+    if not needs_copy(wl, strided_vectors=by_width):
+        return [], (), lambda n, c, h, w: data[n, c, h, w]
+    pad = padded_buffer(wl)
+    return [pad_stage(wl, data, pad)], (pad,), lambda n, c, h, w: pad[n * wl.C + c, h, w]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Origin:
+    """Where one register tile sits: image, group, packed weight block, and the first output
+    channel (within the group), row and column it computes."""
+
+    n: Expr
+    group: Expr
+    block: Expr
+    k0: Expr
+    row0: Expr
+    col0: Expr
+
+
+def _register_tile(wl: GroupConv2d, config: Config, at: _Origin, src: SourceFn,
+                   packed: Buffer, out: Buffer, stage: EpilogueStage) -> Stmt:
+    """Zero the accumulators, reduce over the group's channels and the window, store."""
+    _, kt = config["tile_k"]
+    _, oht = config["tile_oh"]
+    _, owt = config["tile_ow"]
+    by_width = config["vector"] == "w"
+    k, k_loop = loop("k", kt, LoopKind.UNROLL if by_width else LoopKind.VECTORIZE)
+    a, a_loop = loop("a", oht, LoopKind.UNROLL)
+    b, b_loop = loop("b", owt, LoopKind.VECTORIZE if by_width else LoopKind.UNROLL)
+    c, c_loop = loop("c", wl.group_in)
+    r, r_loop = loop("r", wl.R)
+    s, s_loop = loop("s", wl.S, LoopKind.UNROLL if config["unroll_s"] == "unroll"
+                     else LoopKind.SERIAL)
+    oh, ow = at.row0 + a, at.col0 + b
+    channel = at.group * wl.group_out + at.k0 + k
+
+    def tile(body: Stmt) -> Stmt:
+        """The register tile's loops, the vectorized one innermost."""
+        return k_loop(a_loop(b_loop(body))) if by_width else a_loop(b_loop(k_loop(body)))
+
+    # accumulators laid out with the vectorized axis contiguous
+    acc = Buffer("acc", (kt, oht, owt) if by_width else (oht, owt, kt), Scope.LOCAL)
+    cell = acc[k, a, b] if by_width else acc[a, b, k]
+    pixel = src(at.n, at.group * wl.group_in + c, oh * wl.stride[0] + r * wl.dilation[0],
+                ow * wl.stride[1] + s * wl.dilation[1])
+    update = tile(store(cell, pixel * packed[at.block, c, r, s, k] + cell))
+    reduce = (c_loop(r_loop(s_loop(update))) if config["reduce_order"] == "c_rs"
+              else r_loop(s_loop(c_loop(update))))
+    result = stage.apply(cell, channel, (at.n, channel, oh, ow))
+    return Allocate(acc, (tile(store(cell, Const(0.0, "float32"))), reduce,
+                          tile(store(out[at.n, channel, oh, ow], result))))
