@@ -56,7 +56,12 @@ def local_device_class(target: str = "llvm") -> str:
     """This machine's class for ``target`` (the GPU's for a CUDA target when one is readable)."""
     from workers.hardware import accelerator_facts, device_class
 
-    facts = accelerator_facts("cuda") if target.split()[0] == "cuda" else {}
+    facts: dict[str, Any] = {}
+    if target.split()[0] == "cuda":
+        try:
+            facts = accelerator_facts("cuda")
+        except ImportError:  # no pycuda here: the CPU's class (lookups fall back from it)
+            facts = {}
     return device_class(facts).id
 
 
