@@ -13,6 +13,7 @@ so callers above this edge never see SQLAlchemy exceptions.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -23,7 +24,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    IntegrityError,
+    OperationalError,
+    SQLAlchemyError,
+    StatementError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -43,6 +50,13 @@ _RETRYABLE = ("40P01", "40001")
 DEFAULT_BUSY_TIMEOUT_S = 10.0
 #: execution option that marks a SQLite connection's transactions as deferred reads
 _READ = "tuner_read"
+def _json(value: Any) -> str:
+    """JSON columns hold standard JSON only: NaN or Infinity would be stored by SQLite as text
+    that no strict reader (our own import included) accepts, and PostgreSQL refuses them."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError as e:
+        raise InvalidInputError(f"a value cannot be stored: {e}") from e
 logger = logging.getLogger(__name__)
 
 
@@ -61,7 +75,7 @@ def make_engine(url: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
         return _sqlite_engine(url, parsed.database, busy_timeout_s, pool_size)
     # pre-ping lets the pool recover by itself after a database restart
     return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=30,
-                         pool_timeout=busy_timeout_s)
+                         pool_timeout=busy_timeout_s, json_serializer=_json)
 
 
 def _sqlite_engine(url: str, path: str | None, busy_timeout_s: float, pool_size: int
@@ -72,6 +86,7 @@ def _sqlite_engine(url: str, path: str | None, busy_timeout_s: float, pool_size:
         url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s,
                            "isolation_level": None},
         pool_size=pool_size, max_overflow=pool_size * 4, pool_timeout=busy_timeout_s,
+        json_serializer=_json,
     )
     busy_ms = int(busy_timeout_s * 1000)
 
@@ -174,6 +189,8 @@ def translate(e: SQLAlchemyError) -> TunerServiceError:
     """The service error for a database error: what the client should do about it."""
     if isinstance(e, IntegrityError):
         return ConflictError(f"conflicting write: {e.orig}")
+    if isinstance(e, StatementError) and isinstance(e.orig, TunerServiceError):
+        return e.orig  # raised while binding a value (``_json``)
     if isinstance(e, DataError):  # a value the database cannot hold: the request's fault
         logger.info("database refused a value: %s", e.orig)
         return InvalidInputError(f"a value cannot be stored: {_first_line(e.orig)}")
