@@ -87,3 +87,28 @@ def test_tuner_run_warns_with_the_operator_and_its_share(tmp_path: Path) -> None
     assert row["op"] == "Hardmax" and 0 < row["share"] <= 1
     assert report["check"]["max_rel_error"] < 1e-5
     assert "Hardmax" in done.stderr and "% of the run time" in done.stderr
+
+
+def test_a_subgraph_reading_the_enclosing_graph_gets_its_tensors(tmp_path: Path) -> None:
+    """If (no numpy implementation) whose branches read ``x`` and ``w`` from the outer graph."""
+    from onnx import TensorProto
+
+    def branch(name: str, op: str) -> Any:
+        return helper.make_graph(
+            [helper.make_node(op, ["x", "w"], [f"{name}_out"], name=f"{name}_op")], name, [],
+            [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [3, 4])])
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], name="total", keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+        helper.make_node("If", ["positive"], ["y"], name="branchy",
+                         then_branch=branch("then", "Add"), else_branch=branch("else", "Mul")),
+    ]
+    weights = {"zero": np.array(0, np.float32),
+               "w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
+    model = make_model(nodes, {"x": (3, 4)}, {"y": (3, 4)}, weights)
+    build_library(model, ConfigBook(), tmp_path)
+    runner = ModelRunner(model, KernelLibrary(tmp_path))
+    for sign in (1.0, -1.0):
+        feeds = {"x": np.abs(runner.random_feeds()["x"]) * np.float32(sign)}
+        assert_close(runner.run(feeds), onnxruntime_outputs(model, feeds), rtol=1e-6)

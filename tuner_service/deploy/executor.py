@@ -136,7 +136,7 @@ class ModelRunner:
             step(probe)
             self.constants[node.output[0]] = probe[node.output[0]]
         elif node.op_type not in _NOT_FOLDABLE and all(
-                not n or n in self.constants for n in node.input):
+                not n or n in self.constants for n in step.inputs):
             with np.errstate(all="ignore"):
                 step(self.constants)
         else:

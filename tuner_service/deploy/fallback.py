@@ -39,7 +39,9 @@ class FallbackStep:
         from onnx.reference import ReferenceEvaluator
 
         self.info, self.reason = info, reason
-        self.inputs, self.outputs = list(node.input), list(node.output)
+        # a subgraph (If, Loop, Scan) may read tensors of the enclosing graph: feed them too
+        outer = [n for n in outer_names(node) if n not in node.input]
+        self.inputs, self.outputs = [*node.input, *outer], list(node.output)
         try:
             self._evaluator = ReferenceEvaluator(node, opsets=opsets)
         except (NotImplementedError, RuntimeError, TypeError, ValueError, KeyError) as e:
@@ -48,7 +50,7 @@ class FallbackStep:
                 node.op_type, info.name,
                 f"no numpy implementation{where}, and onnx's reference evaluator cannot run it "
                 f"either: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-        self._feed_names = [n for n in node.input if n]
+        self._feed_names = [n for n in self.inputs if n]
         self.stats = FallbackStats()
 
     def __call__(self, env: dict[str, np.ndarray]) -> None:
@@ -65,6 +67,21 @@ class FallbackStep:
                 env[name] = np.asarray(value)
         self.stats.calls += 1
         self.stats.seconds += time.perf_counter() - start
+
+
+def outer_names(node: onnx.NodeProto) -> list[str]:
+    """Tensors the subgraphs of ``node`` read from outside themselves, in first-use order."""
+    found: dict[str, None] = {}
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+        for graph in graphs:
+            known = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            for inner in graph.node:
+                for name in [*inner.input, *outer_names(inner)]:
+                    if name and name not in known:
+                        found.setdefault(name)
+                known.update(inner.output)
+    return list(found)
 
 
 def model_opsets(proto: onnx.ModelProto) -> dict[str, int]:
