@@ -46,3 +46,16 @@ def test_the_same_result_twice_is_kept_once(tmp_path: Path) -> None:
 def test_two_workers_cannot_share_a_spool(tmp_path: Path) -> None:
     with Spool(tmp_path), pytest.raises(WorkerError, match="another worker"):
         Spool(tmp_path)
+
+
+def test_a_second_worker_on_the_host_gets_a_slot_of_its_own(tmp_path: Path) -> None:
+    with Spool.acquire(tmp_path) as first, Spool.acquire(tmp_path) as second:
+        assert first.directory == tmp_path
+        assert second.directory == tmp_path / "worker-2"
+        second.add(result(7))
+        with Spool.acquire(tmp_path) as third:
+            assert third.directory == tmp_path / "worker-3"
+    # the slot of a worker that is gone is taken over with what it still holds
+    with Spool.acquire(tmp_path) as again, Spool.acquire(tmp_path) as slot:
+        assert again.directory == tmp_path
+        assert [r["measure_id"] for r in slot.pending()] == [7]
