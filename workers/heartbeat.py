@@ -69,6 +69,6 @@ class Heartbeat:
             self.sent += 1
             lost = answer.get("lost") or []
             if lost:
-                # Keep measuring: a result for a lost lease is still accepted if nobody else
-                # finished the item first.
+                # Keep measuring: the server refuses those results (status ``expired`` or
+                # ``not_leased_by_you``) and the spool drops them; the rest still count.
                 logger.warning("the server says %d held item(s) lost their lease", len(lost))
