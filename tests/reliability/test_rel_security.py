@@ -269,3 +269,14 @@ def test_only_the_owner_or_an_admin_cancels(app: tuple[TestClient, dict[str, str
                        headers=bearer(tokens["worker"])).status_code == 403
     answer = client.post(f"/api/v1/jobs/{job}/cancel", headers=bearer(tokens["admin"]))
     assert answer.status_code == 200 and answer.json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("body", [
+    "[" * 3000 + "]" * 3000, '{"format":"tuner-pack","entries":[{"mean_cost":NaN}]}',
+    '{"format":"tuner-pack","device_class":"\\ud800"}', '{"format":1e400}',
+])
+def test_hostile_pack_imports_get_a_422(app: tuple[TestClient, dict[str, str]],
+                                        body: str) -> None:
+    client, tokens = app
+    answer = client.post("/api/v1/packs", content=body, headers=bearer(tokens["user"]))
+    assert answer.status_code == 422, answer.text[:300]

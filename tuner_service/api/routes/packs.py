@@ -12,6 +12,7 @@ from tuner_service.api.deps import DbDep, Reader, SessionDep, SettingsDep, UserT
 from tuner_service.api.routes.shared import _read_body
 from tuner_service.api.schemas import PackImported, PackPublic
 from tuner_service.db.errors import InvalidInputError
+from tuner_service.db.values import check_tree
 from tuner_service.jobs import packs
 
 router = APIRouter(tags=["tuning log"])
@@ -42,8 +43,9 @@ async def post_pack(
     raw = await _read_body(request, settings.max_upload_bytes)
     try:
         pack = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidInputError(f"a pack must be JSON: {e}") from e
+        check_tree(pack)  # finite numbers, clean text, bounded nesting (as every request body)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError included
+        raise InvalidInputError(f"a pack must be plain JSON: {str(e)[:300]}") from e
 
     def store() -> dict[str, Any]:
         with db.session() as session:
