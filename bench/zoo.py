@@ -133,6 +133,7 @@ def run_peer(engine: str, path: str, threads: int, iterations: int) -> dict[str,
 def zoo_entry(model: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]:
     entry: dict[str, Any] = {"model": model, "exporter": exporter}
     exported = export(model, exporter, args.zoo_python, args.reexport)
+    entry["torch"] = exported.get("torch")
     if not exported.get("ok"):
         return dict(entry, stage="export", error=exported.get("error", "export failed"))
     path = exported["path"]
@@ -164,7 +165,17 @@ def host() -> dict[str, Any]:
     except ImportError:
         cpu = platform.processor()
     return {"cpu": cpu, "cores": os.cpu_count(), "load_average": list(os.getloadavg()),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "versions": {name: _version(name) for name in ("onnx", "onnxruntime", "openvino")}}
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -218,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             entry = zoo_entry(model, exporter, args)
             logger.info("%s (%s): %s", model, exporter, entry.get("error") or "ok")
             results["models"].append(entry)
+            results["host"]["versions"].setdefault("torch (exporter)", entry.get("torch"))
     if not args.no_docs:
         write_docs(results, ROOT / "docs" / "zoo.md")
     if args.json:
