@@ -69,7 +69,7 @@ class DatabaseCollector(Collector):
         up = GaugeMetricFamily("tuner_database_up",
                                "1 when the last scrape could read the database")
         try:
-            with self._db.session() as session:
+            with self._db.read_session() as session:  # a scrape never takes the write lock
                 families = [self._queue(session), self._workers(session), self._jobs(session)]
         except TunerServiceError as e:
             logger.warning("metrics: database unavailable: %s", e)
