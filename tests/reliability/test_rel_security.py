@@ -280,3 +280,17 @@ def test_hostile_pack_imports_get_a_422(app: tuple[TestClient, dict[str, str]],
     client, tokens = app
     answer = client.post("/api/v1/packs", content=body, headers=bearer(tokens["user"]))
     assert answer.status_code == 422, answer.text[:300]
+
+
+def test_a_worker_row_stored_before_the_checks_does_not_break_the_lists(
+        app: tuple[TestClient, dict[str, str]]) -> None:
+    from sqlalchemy import text
+
+    client, _tokens = app
+    deep = '{"a":' * 900 + "1" + "}" * 900
+    with client.app.state.db.engine.begin() as conn:  # as an older server let it in
+        conn.execute(text("INSERT INTO workers (name, device_key, target, hardware, software) "
+                          "VALUES ('old', 'k', 'llvm', :h, '{}')"), {"h": deep})
+    listed = client.get("/api/v1/workers")
+    assert listed.status_code == 200 and "unreadable" in listed.json()[0]["hardware"]
+    assert client.get("/api/v1/dashboard/workers").status_code == 200

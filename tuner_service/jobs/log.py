@@ -13,6 +13,7 @@ from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.errors import InvalidInputError, NotFoundError
 from tuner_service.db.models import TuningLogEntry, Worker
+from tuner_service.db.values import bounded_json
 from tuner_service.jobs import device
 from tuner_service.jobs.templates import template_for
 from tuner_service.jobs.views import iso
@@ -97,10 +98,24 @@ def workers(session: Session, heartbeat_s: float) -> list[dict[str, Any]]:
         online = bool(now and seen and (now - seen).total_seconds() < 3 * heartbeat_s)
         out.append({
             "worker_id": w.id, "name": w.name, "device_key": w.device_key, "target": w.target,
-            "hardware": w.hardware, "software": w.software,
+            "hardware": _facts(w.hardware), "software": _facts(w.software),
             "registered_at": iso(w.registered_at), "last_heartbeat": iso(seen), "online": online,
         })
     return out
+
+
+#: what a worker's stored facts must pass to be listed (the same bound as at registration)
+_FACTS_BOUND = bounded_json(64 * 1024, 8)
+
+
+def _facts(value: Any) -> dict[str, Any]:
+    """A worker's stored facts, or a note when a row stored before the input checks cannot be
+    sent (nested too deep, not finite): one bad row must not break the list for everyone."""
+    try:
+        _FACTS_BOUND(value)
+    except (ValueError, TypeError, RecursionError):
+        return {"unreadable": "stored facts fail the input checks; register the worker again"}
+    return value if isinstance(value, dict) else {}
 
 
 def _as_utc(value: Any) -> dt.datetime | None:
