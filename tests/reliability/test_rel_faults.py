@@ -24,11 +24,12 @@ WORKLOAD = "dense:M=16,N=64,K=64"
 
 
 def job_rows(db_rows: Rows, url: str, job_id: int) -> list[Any]:
-    """(id, state, worker_id, attempts, error_kind, costs) of every measurement of a job."""
+    """(id, state, worker_id, attempts, error_kind, costs) of every trial of a job (the
+    re-measurements that confirm its best candidates, ``purpose = 'confirm'``, are not trials)."""
     return db_rows(url, """
         SELECT m.id, m.state, m.worker_id, m.attempts, m.error_kind, m.mean_cost
         FROM measurements m JOIN job_tasks t ON t.id = m.job_task_id
-        WHERE t.job_id = :job ORDER BY m.id""", job=job_id)
+        WHERE t.job_id = :job AND m.purpose = 'tune' ORDER BY m.id""", job=job_id)
 
 
 def trials_done(db_rows: Rows, url: str, job_id: int) -> int:
@@ -221,7 +222,8 @@ def test_crashing_hanging_and_wrong_kernels_are_classified_and_the_worker_lives(
     assert worker.alive
     rows = db_rows(sqlite_url, """
         SELECT m.config_index, m.error_kind, m.worker_id FROM measurements m
-        JOIN job_tasks t ON t.id = m.job_task_id WHERE t.job_id = :j AND m.state = 'done'""",
+        JOIN job_tasks t ON t.id = m.job_task_id
+        WHERE t.job_id = :j AND m.state = 'done' AND m.purpose = 'tune'""",
                    j=job_id)
     kinds = {r.config_index: r.error_kind for r in rows}
     assert len(kinds) == len(rows) == 12
