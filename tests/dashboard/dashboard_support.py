@@ -64,6 +64,17 @@ class ProtocolWorker:
         return [item["measure_id"] for item in items]
 
 
+    def finish(self, job_id: int, timeout_s: float = 30.0) -> None:
+        """Measure whatever the job still queues (its best configs are re-measured before
+        they are stored) until it is done."""
+        deadline = time.monotonic() + timeout_s
+        while self.client.get(f"/api/v1/jobs/{job_id}").json()["status"] != "done":
+            assert time.monotonic() < deadline, "the job did not finish"
+            items = self.claim(8, wait_s=0.5)
+            if items:
+                self.report(items)
+
+
 def submit(client: Any, token: str, trials: int, workloads: list[str] | None = None) -> int:
     answer = client.post("/api/v1/jobs", headers=bearer(token), json={
         "workloads": workloads or WORKLOADS, "trials_per_task": trials})

@@ -143,7 +143,8 @@ def test_concurrent_workers_over_http_share_without_overlap(live_server: str,
         t.start()
     for t in threads:
         t.join()
-    assert len(claimed) == len(set(claimed)) == 40
+    # 40 trials, then each task's top configs re-measured before its best is stored
+    assert len(claimed) == len(set(claimed)) > 40
     with httpx.Client(base_url=live_server) as http:
         status = http.get(f"/api/v1/jobs/{job_id}").json()
     assert status["status"] == "done"
