@@ -11,11 +11,13 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
 if [ "$PROFILE" = quickstart ]; then
-    .venv/bin/python -m pip install -q -e '.[server]' 'onnxruntime>=1.17'
+    # -qq: errors only (no notes about the editable build or the package index setup)
+    .venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[server]' \
+        'onnxruntime>=1.17'
     exit 0
 fi
+.venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 # PyTorch is an optional baseline (benchmarks, exporter tests); these machines carry a local
 # CPU wheel of 2.13.0. Elsewhere the tests that need it skip.
