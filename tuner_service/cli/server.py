@@ -127,8 +127,7 @@ def _up(args: argparse.Namespace) -> int:
             print(f"dashboard: {service.url}/  serving until Ctrl-C", flush=True)
             _serve_forever()
         else:
-            print("the server stopped with the job; `tuner up --serve` keeps it running, and "
-                  "`tuner tune MODEL.onnx` tunes, builds and compares a model without one")
+            print("the server stopped with the job (`tuner up --serve` keeps it serving)")
     return code
 
 

@@ -60,7 +60,7 @@ def title(progress: JobProgress) -> str:
     text = f"job {progress.job_id}: {progress.status}"
     latency = progress.estimated_latency_s
     if latency is not None:
-        text += f", estimated {latency * 1e3:.2f} ms per inference"
+        text += f", estimated {latency * 1e3:.3g} ms per inference"
     return text
 
 
