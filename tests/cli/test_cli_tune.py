@@ -93,3 +93,13 @@ def test_an_interrupted_run_resumes_from_its_log(small_model: Path) -> None:
     with sqlite3.connect(out / "tuner.db") as db:
         jobs = db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
     assert jobs == 1  # the same job went on
+
+
+def test_up_takes_a_model_path(small_model: Path) -> None:
+    data = small_model.parent / "up"
+    done = run_tuner(["up", "--model", str(small_model), "--trials-per-task", "2",
+                      "--data-dir", str(data), "--port", "0"], small_model.parent)
+    assert done.returncode == 0, done.stderr
+    assert "job 1: model.onnx, 2 tasks" in done.stdout
+    assert "job 1: done" in done.stdout
+    assert "the server stopped with the job" in done.stdout
