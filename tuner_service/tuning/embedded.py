@@ -38,6 +38,9 @@ class LocalWorkers:
     #: candidates compiled at once per worker; timed runs never overlap with each other
     parallel_build: int = 1
     verbose: bool = False
+    #: exit after this many seconds without work (None: never), so a worker whose parent was
+    #: killed outright does not poll a dead server forever
+    max_idle_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +126,8 @@ def _worker_command(url: str, token: str, workers: LocalWorkers, name: str, spoo
                 str(workers.parallel_build), "--spool-dir", str(spool)]
     if workers.threads:
         command += ["--threads", str(workers.threads)]
+    if workers.max_idle_s is not None:
+        command += ["--max-idle-s", str(workers.max_idle_s)]
     return command
 
 

@@ -36,6 +36,10 @@ class TuneError(Exception):
     """A model that cannot be tuned here (unreadable, nothing tunable, server refused it)."""
 
 
+#: a local worker of a model run exits after this long without work (its parent may be gone)
+WORKER_IDLE_S = 600.0
+
+
 @dataclasses.dataclass(frozen=True)
 class TuneOptions:
     trials_per_task: int = 64
@@ -92,7 +96,10 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
     data, name = read_model(model)
     output = Path(output)
     settings = _embedded_settings(output, options.port)
-    with local_service(settings, options.workers) as service, \
+    workers = options.workers
+    if workers.max_idle_s is None:
+        workers = dataclasses.replace(workers, max_idle_s=WORKER_IDLE_S)
+    with local_service(settings, workers) as service, \
             ServiceClient(service.url, service.token) as client:
         try:
             uploaded = client.upload_model(data, name)
