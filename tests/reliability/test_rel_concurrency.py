@@ -134,12 +134,15 @@ def test_two_workers_share_the_default_spool_and_one_is_killed_mid_job(
     finished_after = time.monotonic() - killed_at
     assert final["status"] == "done" and second.alive
     rows = db_rows(sqlite_url, """
-        SELECT m.id, m.state, w.name FROM measurements m
+        SELECT m.id, m.state, m.attempts, w.name FROM measurements m
         JOIN job_tasks t ON t.id = m.job_task_id LEFT JOIN workers w ON w.id = m.worker_id
         WHERE t.job_id = :j AND m.purpose = 'tune'""", j=job_id)
     done = {r.id: r.name for r in rows if r.state == "done"}
     assert len(done) == 24 == sum(t["trials_done"] for t in final["tasks"])
     assert not [r for r in rows if r.state in ("queued", "leased")]
     assert orphaned and all(done[i] == "second" for i in orphaned)
+    # measured again after one lapsed lease: the second claim of each orphan is the last
+    attempts = {r.id: r.attempts for r in rows}
+    assert all(attempts[i] == 2 for i in orphaned), {i: attempts[i] for i in orphaned}
     print(f"\njob finished {finished_after:.1f} s after the kill (lease {lease_s} s), "
           f"{len(orphaned)} orphaned lease(s) measured again by the survivor")
