@@ -78,7 +78,7 @@ def safe_json(value: Any, depth: int = 0) -> Any:
     if depth > 8:
         return "..."
     if isinstance(value, str):
-        return value[:500].encode("utf-8", "backslashreplace").decode("utf-8")
+        return value[:4000].encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
