@@ -112,6 +112,8 @@ def test_a_result_after_the_lease_expired_is_refused_as_expired(
                 json={"workloads": [WORKLOAD], "trials_per_task": 2, "device_key": "sec-cpu"})
     worker = _register(client, tokens["worker"])
     item = _claim_one(client, tokens["worker"], worker)
+    client.app.state.driver.stop()  # so it does not requeue the lapsed lease in between
+    client.app.state.driver = None
     db = client.app.state.db
     with db.engine.begin() as conn:  # the lease lapses (as if the worker stalled)
         conn.execute(text("UPDATE measurements SET lease_expires_at = :t WHERE id = :i"),
