@@ -20,6 +20,11 @@ def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
 
 
+def state(client: TestClient) -> Any:
+    """The app's state (settings, database, driver)."""
+    return client.app.state  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def app(any_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     from rel_live import create_tokens
@@ -80,7 +85,7 @@ def test_forged_results_are_refused_and_the_owner_still_reports(
                             "device_key": "sec-cpu"}).json()["job_id"]
     owner = _register(client, tokens["worker"])
     item = _claim_one(client, tokens["worker"], owner)
-    forger_token = _token(client.app.state.settings.resolved_database_url, "worker")
+    forger_token = _token(state(client).settings.resolved_database_url, "worker")
     forger = _register(client, forger_token)
     elsewhere = _register(client, forger_token, device_key="other-device")
     for worker in (forger, elsewhere):  # another worker, another device key: not theirs
@@ -112,9 +117,9 @@ def test_a_result_after_the_lease_expired_is_refused_as_expired(
                 json={"workloads": [WORKLOAD], "trials_per_task": 2, "device_key": "sec-cpu"})
     worker = _register(client, tokens["worker"])
     item = _claim_one(client, tokens["worker"], worker)
-    client.app.state.driver.stop()  # so it does not requeue the lapsed lease in between
-    client.app.state.driver = None
-    db = client.app.state.db
+    state(client).driver.stop()  # so it does not requeue the lapsed lease in between
+    state(client).driver = None
+    db = state(client).db
     with db.engine.begin() as conn:  # the lease lapses (as if the worker stalled)
         conn.execute(text("UPDATE measurements SET lease_expires_at = :t WHERE id = :i"),
                      {"t": "2000-01-01 00:00:00", "i": item["measure_id"]})
@@ -127,7 +132,7 @@ def test_a_result_after_the_lease_expired_is_refused_as_expired(
 def test_a_bound_worker_token_registers_only_its_device_key(
         app: tuple[TestClient, dict[str, str]]) -> None:
     client, _tokens = app
-    bound = _token(client.app.state.settings.resolved_database_url, "worker", "gpu-1")
+    bound = _token(state(client).settings.resolved_database_url, "worker", "gpu-1")
     _register(client, bound, device_key="gpu-1")
     answer = client.post("/api/v1/workers/register", headers=bearer(bound),
                          json={"device_key": "gpu-2", "target": "llvm"})
@@ -265,7 +270,7 @@ def test_only_the_owner_or_an_admin_cancels(app: tuple[TestClient, dict[str, str
     client, tokens = app
     job = client.post("/api/v1/jobs", headers=bearer(tokens["user"]),
                       json={"workloads": [WORKLOAD], "trials_per_task": 2}).json()["job_id"]
-    other = _token(client.app.state.settings.resolved_database_url, "user")
+    other = _token(state(client).settings.resolved_database_url, "user")
     assert client.post(f"/api/v1/jobs/{job}/cancel", headers=bearer(other)).status_code == 403
     assert client.post(f"/api/v1/jobs/{job}/cancel",
                        headers=bearer(tokens["worker"])).status_code == 403
@@ -290,7 +295,7 @@ def test_a_worker_row_stored_before_the_checks_does_not_break_the_lists(
 
     client, _tokens = app
     deep = '{"a":' * 900 + "1" + "}" * 900
-    with client.app.state.db.engine.begin() as conn:  # as an older server let it in
+    with state(client).db.engine.begin() as conn:  # as an older server let it in
         conn.execute(text("INSERT INTO workers (name, device_key, target, hardware, software) "
                           "VALUES ('old', 'k', 'llvm', :h, '{}')"), {"h": deep})
     listed = client.get("/api/v1/workers")
