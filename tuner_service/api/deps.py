@@ -85,7 +85,7 @@ def require(*roles: str) -> Callable[[DbDep, Credentials], Token]:
 
 def reader(db: DbDep, settings: SettingsDep, credentials: Credentials) -> Token | None:
     """Reads are open unless ``read_requires_token`` is set; then a user or admin token reads
-    everything, and a worker token only what a worker needs (``WORKER_READS``)."""
+    everything, and a worker token only the reads that use this dependency (``Reader``)."""
     if not settings.read_requires_token:
         return None
     return _token(db, credentials)
@@ -103,7 +103,7 @@ def user_reader(db: DbDep, settings: SettingsDep, credentials: Credentials) -> T
 
 UserToken = Annotated[Token, Depends(require("user"))]
 WorkerToken = Annotated[Token, Depends(require("worker"))]
-#: reads a worker may make (the shared log's best configs, the worker list, health)
+#: reads a worker token may make too: the shared tuning log, packs, metrics
 Reader = Annotated[Token | None, Depends(reader)]
 #: reads of user data: jobs, models, records, the dashboard
 UserReader = Annotated[Token | None, Depends(user_reader)]
