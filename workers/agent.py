@@ -136,7 +136,7 @@ class Agent:
             try:
                 answer = call()
             except ServerUnavailable as e:
-                delay = self._backoff.next_delay()
+                delay = max(self._backoff.next_delay(), e.retry_after_s or 0.0)
                 logger.warning("%s: %s; retrying in %.1f s", what, e, delay)
                 self.stop.wait(delay)
                 continue

@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
 #: answers that mean "not now" rather than "never"
 _RETRYABLE = {408, 425, 429}
+#: the longest ``Retry-After`` honoured (a server asking for more is retried sooner anyway)
+MAX_RETRY_AFTER_S = 300.0
 
 
 class ServerClient:
@@ -77,7 +79,8 @@ class ServerClient:
             raise ServerUnavailable(f"POST {path}: {type(e).__name__}: {e}") from e
         status = response.status_code
         if status >= 500 or status in _RETRYABLE:
-            raise ServerUnavailable(f"POST {path}: server answered {status}")
+            raise ServerUnavailable(f"POST {path}: server answered {status}",
+                                    _retry_after(response))
         if status >= 400:
             raise ServerRejected(status, f"POST {path}: {response.text[:500]}")
         try:
@@ -87,3 +90,12 @@ class ServerClient:
         if not isinstance(data, dict):
             raise ProtocolError(f"POST {path}: answer is not an object: {data!r}")
         return data
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The ``Retry-After`` of an answer in seconds (the delay form; an HTTP date is ignored)."""
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return min(seconds, MAX_RETRY_AFTER_S) if seconds >= 0 else None

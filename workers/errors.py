@@ -10,7 +10,12 @@ class ProtocolError(WorkerError):
 
 
 class ServerUnavailable(WorkerError):
-    """The server could not be reached or answered 5xx; retry later."""
+    """The server could not be reached or answered 5xx; retry later (not sooner than
+    ``retry_after_s`` when the server said so with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ServerRejected(WorkerError):

@@ -35,6 +35,19 @@ def test_5xx_means_unavailable(status: int) -> None:
         client_answering(status, {}).report("w1", [])
 
 
+@pytest.mark.parametrize(("header", "seconds"), [("7", 7.0), ("0.5", 0.5), ("99999", 300.0),
+                                               ("Wed, 21 Oct 2026 07:28:00 GMT", None),
+                                               ("-3", None)])
+def test_a_503_says_when_to_retry(header: str, seconds: float | None) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"detail": "busy"}, headers={"Retry-After": header})
+
+    client = ServerClient("http://server", "t", transport=httpx.MockTransport(handler))
+    with pytest.raises(ServerUnavailable) as info:
+        client.report("w1", [])
+    assert info.value.retry_after_s == seconds
+
+
 def test_4xx_means_rejected() -> None:
     with pytest.raises(ServerRejected) as info:
         client_answering(401, {"detail": "no"}).release("w1", [1])
