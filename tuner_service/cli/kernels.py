@@ -227,9 +227,20 @@ def tune_workload(args: argparse.Namespace) -> int:
             if saved is not None:
                 saved.close()
     best = best_trial(history)
-    report = {
-        "workload": workload.key,
-        "target": args.target,
+    if args.json:
+        print(json.dumps(_tune_report(workload.key, args.target, history, best)))
+    elif best is not None:
+        print(f"best: {best.gflops:.1f} GFLOPS, {best.result.mean_cost * 1e3:.4f} ms, "
+              f"config {json.dumps(best.config.to_json())}")
+    else:
+        print("no config ran successfully")
+    return 0 if best is not None else 1
+
+
+def _tune_report(key: str, target: str, history: list[Any], best: Any) -> dict[str, Any]:
+    return {
+        "workload": key,
+        "target": target,
         "trials": len(history),
         "best": None if best is None else {"config": best.config.to_json(),
                                            "gflops": best.gflops,
@@ -238,14 +249,6 @@ def tune_workload(args: argparse.Namespace) -> int:
                      "error": None if t.result.ok else t.result.error.name.lower()}
                     for t in history],
     }
-    if args.json:
-        print(json.dumps(report))
-    elif best is not None:
-        print(f"best: {best.gflops:.1f} GFLOPS, {best.result.mean_cost * 1e3:.4f} ms, "
-              f"config {json.dumps(best.config.to_json())}")
-    else:
-        print("no config ran successfully")
-    return 0 if best is not None else 1
 
 
 class _Progress:
