@@ -65,7 +65,10 @@ def test_two_classes_keep_their_bests_builds_pick_them_and_packs_travel(
     entries = live_server.call("GET", "/api/v1/tuning-log", params={"workload": CONV_KEY})
     by_class = {e["device_class"]: e for e in entries}
     assert set(by_class) == {here, SIMULATED}
-    assert all(e["confirmed"] and e["spread"] is not None for e in entries)
+    assert all(e["spread"] is not None for e in entries)
+    # drawn costs are never noisy: re-measured and confirmed (the real worker's may be noisy on
+    # a busy machine, and then its default is kept unconfirmed)
+    assert by_class[SIMULATED]["confirmed"]
 
     model = tmp_path / "conv.onnx"
     model.write_bytes(conv_model())

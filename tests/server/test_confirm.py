@@ -99,3 +99,23 @@ def test_the_best_is_re_measured_before_it_is_stored(
     lucky = unchecked.get("/api/v1/best", params={"workload": OTHER,
                                                   "device_class": ZEN4}).json()
     assert lucky["mean_cost"] == 1e-6 and not lucky["confirmed"]
+
+
+def test_a_busy_machine_keeps_the_default(client: TestClient, tokens: dict[str, str]) -> None:
+    """Re-measurements flagged noisy cannot crown a config: the default is kept (on a loaded
+    2-core machine the numbers ranked configs by how they suffer from the load)."""
+    default = default_index(KEY)
+    worker = ClassWorker(client, tokens["worker"], ZEN4,
+                         lambda i: [5e-5 if i == default else 1e-5] * 3, device_key="busy",
+                         noisy=True)
+    job_id = submit(client, tokens["user"], [KEY], 6, device_key="busy")
+    status = worker.run_until_done(job_id)
+    assert "busy" in status["tasks"][0]["message"]
+    stored = client.get("/api/v1/best", params={"workload": KEY, "device_class": ZEN4}).json()
+    assert stored["config"]["index"] == default and not stored["confirmed"]
+    # the same numbers from a quiet machine crown the faster config
+    quiet = ClassWorker(client, tokens["worker"], ZEN4,
+                        lambda i: [5e-5 if i == default else 1e-5] * 3, device_key="quiet")
+    quiet.run_until_done(submit(client, tokens["user"], [KEY], 6, device_key="quiet"))
+    stored = client.get("/api/v1/best", params={"workload": KEY, "device_class": ZEN4}).json()
+    assert stored["config"]["index"] != default and stored["confirmed"]

@@ -83,9 +83,10 @@ def candidates(session: Session, job_task_id: int, top: int, seeds: Sequence[int
     return chosen
 
 
-def finish(session: Session, task: Any, job_id: int) -> None:
+def finish(session: Session, task: Any, job_id: int) -> str:
     """Store the winner of the re-measurements per (device class, threads) they were taken
-    on; without any good re-measurement, the task's best trial as measured."""
+    on; without any good re-measurement, the task's best trial as measured. Returns a note
+    for the task's message ("" when there is nothing to say)."""
     rows = session.scalars(select(Measurement).where(
         Measurement.job_task_id == task.job_task_id, Measurement.purpose == CONFIRM,
         Measurement.state == "done", Measurement.mean_cost.is_not(None))).all()
@@ -94,36 +95,57 @@ def finish(session: Session, task: Any, job_id: int) -> None:
         groups[(row.device_class, row.threads)].append(row)
     if not groups:
         _store_unconfirmed(session, task.job_task_id, job_id)
-        return
-    largest = max(groups.values(), key=len)
+        return ""
+    largest, message = max(groups.values(), key=len), ""
     for group in groups.values():
-        winner, cost, spread, configs = _winner(group)
-        force = _stored_config(session, winner, task) in configs
-        update_tuning_log(session, winner, job_id, mean_cost=cost, spread=spread,
-                          confirmed=True, force=force)
+        chosen, cost, note = _store_group(session, task, job_id, group)
         if group is largest:
             session.execute(update(JobTask).where(JobTask.id == task.job_task_id).values(
-                best_cost=cost, best_measurement_id=winner.id))
-            logger.info("job %d: %s confirmed config %d (%.4g ms over %d re-measurements)",
-                        job_id, task.workload_key, winner.config_index, cost * 1e3,
-                        sum(r.config_index == winner.config_index for r in group))
+                best_cost=cost, best_measurement_id=chosen.id))
+            logger.info("job %d: %s stores config %d (%.4g ms)%s", job_id, task.workload_key,
+                        chosen.config_index, cost * 1e3, f"; {note}" if note else "")
+            message = note
+    return message
 
 
-def _winner(group: list[Measurement]) -> tuple[Measurement, float, float, set[int]]:
-    """The row standing for the config with the lowest median, that median, the spread of
-    that config's samples, and every config in the group."""
+def _store_group(session: Session, task: Any, job_id: int, group: list[Measurement]
+                 ) -> tuple[Measurement, float, str]:
+    """Store the config a group of re-measurements supports; the row standing for it, its
+    cost, and a note when the machine was too busy to trust them.
+
+    On a busy machine the numbers rank configs by how they suffer from the load, not by their
+    speed (measured: a config stored that way ran 2x slower than the default once the machine
+    was quiet). So when any re-measurement was noisy, the config already stored for this
+    device, else the template default, is kept; only a quiet re-measurement crowns another.
+    """
     by_config: dict[int, list[Measurement]] = defaultdict(list)
     for row in group:
         by_config[row.config_index].append(row)
-    medians = {index: statistics.median(_fastest(r) for r in rows)
-               for index, rows in by_config.items()}
-    index = min(medians, key=lambda i: (medians[i], i))
-    cost = medians[index]
-    rows = by_config[index]
+    stored = _stored_config(session, group[0], task)
+    if any(row.noisy for row in group):
+        default = task.seeds[0] if task.seeds else None
+        safe = next((i for i in (stored, default) if i is not None and i in by_config), None)
+        if safe is not None:
+            chosen, cost, spread = _summary(by_config[safe])
+            if safe != stored:  # nothing kept for this device: the default, unverified
+                update_tuning_log(session, chosen, job_id, mean_cost=cost, spread=spread)
+            kept = "stored" if safe == stored else "default"
+            return chosen, cost, (f"the machine was busy while re-measuring: kept the {kept} "
+                                  "config; tune again on a quiet machine")
+    medians = {index: _summary(rows)[1] for index, rows in by_config.items()}
+    chosen, cost, spread = _summary(by_config[min(medians, key=lambda i: (medians[i], i))])
+    update_tuning_log(session, chosen, job_id, mean_cost=cost, spread=spread, confirmed=True,
+                      force=stored in by_config)
+    return chosen, cost, ""
+
+
+def _summary(rows: list[Measurement]) -> tuple[Measurement, float, float]:
+    """For one config's re-measurements: the row standing for them, the median of their
+    fastest samples, and the spread of all their samples."""
+    cost = statistics.median(_fastest(r) for r in rows)
     samples = [c for r in rows for c in measurement_result(r).costs]
     spread = (max(samples) - min(samples)) / min(samples) if len(samples) > 1 else 0.0
-    representative = min(rows, key=lambda r: (abs(_fastest(r) - cost), r.id))
-    return representative, cost, spread, set(by_config)
+    return min(rows, key=lambda r: (abs(_fastest(r) - cost), r.id)), cost, spread
 
 
 def _fastest(row: Measurement) -> float:

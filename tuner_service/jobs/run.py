@@ -203,9 +203,9 @@ class JobRun:
                                                          self.device_key, self.policy))
                     if task.confirming:
                         continue
-                confirm.finish(session, task, self.job_id)
+                note = confirm.finish(session, task, self.job_id)
                 task.finished = True
-                message = self._finish_message(task)
+                message = "; ".join(filter(None, (self._finish_message(task), note)))
                 session.execute(update(JobTask).where(JobTask.id == task.job_task_id)
                                 .values(status="done", message=message))
         if not all(t.finished for t in self.tasks):
