@@ -35,7 +35,7 @@ _SOFTWARE = ("numpy", "llvmlite", "httpx", "pycuda", "tuner")
 
 def cpu_facts(proc: Path = Path("/proc/cpuinfo"),
               sys_cpu: Path = Path("/sys/devices/system/cpu")) -> dict[str, Any]:
-    info = _read_cpuinfo(proc)
+    info = read_cpuinfo(proc)
     flags = set(info.get("flags", info.get("Features", "")).split())
     return {
         "cpu_model": info.get("model name") or platform.processor() or platform.machine(),
@@ -128,20 +128,6 @@ def _read(path: Path) -> str:
         return path.read_text().strip()
     except OSError:
         return ""
-
-
-def _read_cpuinfo(proc: Path) -> dict[str, str]:
-    """The first processor's fields."""
-    fields: dict[str, str] = {}
-    for line in _read(proc).splitlines():
-        if not line.strip():
-            if fields:
-                break
-            continue
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    return fields
 
 
 def _physical_cores(proc: Path) -> int:
