@@ -23,13 +23,14 @@ class ClassWorker:
 
     def __init__(self, client: Any, token: str, device_class: str, costs: Costs,
                  device_key: str = "local", target: str = "llvm", threads: int = 1,
-                 noisy: bool = False) -> None:
+                 noisy: bool | Callable[[int], bool] = False) -> None:
         self.client = client
         self.headers = bearer(token)
         self.device_class = device_class
         self.costs = costs
         self.threads = threads
-        self.noisy = noisy  # report every result as taken on a busy machine
+        #: report every result (or those whose measure id it accepts) as taken while busy
+        self.noisy = noisy
         answer = client.post("/api/v1/workers/register", headers=self.headers, json={
             "device_key": device_key, "target": target, "name": device_class,
             "hardware": {"device_class": {"id": device_class}}, "software": {}})
@@ -51,11 +52,12 @@ class ClassWorker:
         results = []
         for item in items:
             index = item["config"]["index"]
+            noisy = self.noisy(item["measure_id"]) if callable(self.noisy) else self.noisy
             self.measured.append((item["measure_id"], index))
             results.append({"measure_id": item["measure_id"], "costs": self.costs(index),
                             "error_kind": 0, "device_class": self.device_class,
-                            "threads": self.threads, "noisy": self.noisy,
-                            "load": 1.0 if self.noisy else 0.0})
+                            "threads": self.threads, "noisy": noisy,
+                            "load": 1.0 if noisy else 0.0})
         answer = self.client.post(self._url("results"), headers=self.headers,
                                   json={"results": results})
         assert answer.status_code == 200, answer.text

@@ -72,7 +72,7 @@ def test_persistent_load_is_flagged_without_endless_retries(
     assert attempts == 1 and not second.quiet  # still busy: flagged, not measured again
 
 
-def test_drift_against_the_fastest_reference_loop() -> None:
+def test_drift_against_the_recent_reference_loops() -> None:
     gauge = QuietGauge(retries=0, proc=Path("/nonexistent"))
     gauge.reference_s()
     costs, seen = gauge.probe(lambda: (1e-3,))
@@ -120,3 +120,20 @@ def test_an_injected_load_marks_a_real_measurement_noisy(busy_child: None) -> No
     assert result.load is not None and result.load > MAX_OTHER_LOAD
     assert result.noisy
     assert result.spread >= 0.0
+
+
+@pytest.mark.parametrize(("before", "after", "quiet"), [
+    (1.3e-3, 1.3e-3, False),  # both probes slow: the core itself ran slower
+    (1.3e-3, 1.0e-3, True),  # one slow probe: a passing blip, not the timed run's core
+    (1.0e-3, 1.05e-3, True),
+])
+def test_drift_is_the_quicker_probe_against_the_recent_median(
+        monkeypatch: pytest.MonkeyPatch, before: float, after: float, quiet: bool) -> None:
+    gauge = QuietGauge(retries=0, proc=Path("/nonexistent"))
+    for _ in range(8):
+        gauge._references.append(1.0e-3)
+    probes = iter((before, after))
+    monkeypatch.setattr(gauge, "reference_s", lambda: next(probes))
+    _costs, seen = gauge.probe(lambda: (1e-3,))
+    assert seen.quiet is quiet
+    assert seen.drift == pytest.approx(min(before, after) / 1.0e-3 - 1.0)
