@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tuner_service.deploy.node import Array, NodeInfo, OpFn, ints, optional, required
+from tuner_service.deploy.ops_nn import reduce_op
 
 
 def _unary(fn: Callable[[Array, NodeInfo], Array]) -> OpFn:
@@ -53,19 +54,6 @@ def _thresholded_relu(x: Array, node: NodeInfo) -> Array:
 
 def _softsign(x: Array, node: NodeInfo) -> Array:
     return x / (1 + np.abs(x))
-
-
-def _reduce(fn: Callable[[Array, tuple[int, ...], bool], Array], since: int = 18) -> OpFn:
-    def run(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
-        x = required(inputs, 0, node)
-        axes = ints(optional(inputs, 1)) if node.opset >= since else node.get("axes")
-        if not axes:
-            if node.get("noop_with_empty_axes", 0):
-                return [x]
-            axes = list(range(x.ndim))
-        out = fn(x, tuple(a % x.ndim for a in axes), bool(node.get("keepdims", 1)))
-        return [np.asarray(out, dtype=x.dtype)]
-    return run
 
 
 def _l1(x: Array, axes: tuple[int, ...], keep: bool) -> Array:
@@ -187,8 +175,8 @@ MISC_OPS: dict[str, OpFn] = {
     "IsInf": _is_inf,
     "GreaterOrEqual": _compare(np.greater_equal), "LessOrEqual": _compare(np.less_equal),
     "Xor": _compare(np.logical_xor),
-    "ReduceL1": _reduce(_l1), "ReduceL2": _reduce(_l2), "ReduceProd": _reduce(_prod),
-    "ReduceSumSquare": _reduce(_sum_square), "ReduceLogSumExp": _reduce(_log_sum_exp),
+    "ReduceL1": reduce_op(_l1), "ReduceL2": reduce_op(_l2), "ReduceProd": reduce_op(_prod),
+    "ReduceSumSquare": reduce_op(_sum_square), "ReduceLogSumExp": reduce_op(_log_sum_exp),
     "CumSum": _cumsum, "ArgMax": _arg(np.argmax), "ArgMin": _arg(np.argmin), "TopK": _topk,
     "Trilu": _trilu, "GatherElements": _gather_elements, "GatherND": _gather_nd,
     "Size": _size, "Mean": _mean,

@@ -3,7 +3,7 @@ Conv / Gemm / MatMul nodes that no template covers (grouped convolutions, odd br
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -206,7 +206,12 @@ def _layer_norm(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     return [out + bias if bias is not None else out]
 
 
-def _reduce(fn_name: str, since: int) -> OpFn:
+#: a reduction's body: (input, normalised axes, keepdims) -> result
+ReduceFn = Callable[[Array, tuple[int, ...], bool], Array]
+
+
+def reduce_op(fn: ReduceFn, since: int = 18) -> OpFn:
+    """An ONNX Reduce* operator around ``fn`` (axes became an input at opset ``since``)."""
     def run(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
         x = required(inputs, 0, node)
         axes = ints(optional(inputs, 1)) if node.opset >= since else node.get("axes")
@@ -214,9 +219,15 @@ def _reduce(fn_name: str, since: int) -> OpFn:
             if node.get("noop_with_empty_axes", 0):
                 return [x]
             axes = list(range(x.ndim))
-        out = getattr(np, fn_name)(x, axis=tuple(axes), keepdims=bool(node.get("keepdims", 1)))
+        out = fn(x, tuple(a % x.ndim for a in axes), bool(node.get("keepdims", 1)))
         return [np.asarray(out, dtype=x.dtype)]
     return run
+
+
+def _numpy_reduce(name: str) -> ReduceFn:
+    def fn(x: Array, axes: tuple[int, ...], keep: bool) -> Array:
+        return np.asarray(getattr(np, name)(x, axis=axes, keepdims=keep))
+    return fn
 
 
 def _softmax_axes(x: Array, node: NodeInfo) -> tuple[Array, tuple[int, ...]]:
@@ -243,7 +254,8 @@ NN_OPS: dict[str, OpFn] = {
     "GlobalAveragePool": _global_average_pool, "GlobalMaxPool": _global_max_pool,
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul,
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm,
-    "ReduceMean": _reduce("mean", 18), "ReduceSum": _reduce("sum", 13),
-    "ReduceMax": _reduce("max", 18), "ReduceMin": _reduce("min", 18),
+    "ReduceMean": reduce_op(_numpy_reduce("mean")),
+    "ReduceSum": reduce_op(_numpy_reduce("sum"), 13),
+    "ReduceMax": reduce_op(_numpy_reduce("max")), "ReduceMin": reduce_op(_numpy_reduce("min")),
     "Softmax": _softmax, "LogSoftmax": _log_softmax,
 }
