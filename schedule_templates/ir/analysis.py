@@ -8,6 +8,7 @@ from schedule_templates.ir.nodes import (
     Allocate,
     BinOp,
     Buffer,
+    Call,
     Const,
     Expr,
     IfThen,
@@ -37,6 +38,8 @@ def uses_var(e: Expr, var: Var) -> bool:
         return any(uses_var(i, var) for i in e.indices)
     if isinstance(e, Select):
         return uses_var(e.cond, var) or uses_var(e.a, var) or uses_var(e.b, var)
+    if isinstance(e, Call):
+        return uses_var(e.arg, var)
     return False
 
 
@@ -81,6 +84,8 @@ def substitute(e: Expr, var: Var, value: Expr | int) -> Expr:
     if isinstance(e, Select):
         return Select(substitute(e.cond, var, repl), substitute(e.a, var, repl),
                       substitute(e.b, var, repl))
+    if isinstance(e, Call):
+        return Call(e.fn, substitute(e.arg, var, repl))
     return e
 
 
@@ -96,6 +101,8 @@ def loads_in(e: Expr) -> Iterator[Load]:
         yield from loads_in(e.cond)
         yield from loads_in(e.a)
         yield from loads_in(e.b)
+    elif isinstance(e, Call):
+        yield from loads_in(e.arg)
 
 
 def walk(body: tuple[Stmt, ...]) -> Iterator[Stmt]:

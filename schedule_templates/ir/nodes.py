@@ -57,6 +57,12 @@ class Expr:
     def __floordiv__(self, other: ExprLike) -> Expr:
         return _binop("//", self, other)
 
+    def __truediv__(self, other: ExprLike) -> Expr:
+        return _binop("/", self, other)  # float division only
+
+    def __rtruediv__(self, other: ExprLike) -> Expr:
+        return _binop("/", other, self)
+
     def __mod__(self, other: ExprLike) -> Expr:
         return _binop("%", self, other)
 
@@ -102,11 +108,13 @@ _FOLD = {
 }
 COMPARISONS = ("<", "<=", ">=", ">", "==", "!=")
 FLOAT_FUNCS = ("max", "min")
+#: float -> float math functions a ``Call`` may name (code generators implement each one)
+MATH_FUNCS = ("exp", "log", "sqrt", "tanh", "erf", "sigmoid", "abs", "floor")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class BinOp(Expr):
-    op: str  # + - * // % < <= >= > == != and max min
+    op: str  # + - * // % / < <= >= > == != and max min  (/ is float division)
     a: Expr
     b: Expr
 
@@ -166,6 +174,22 @@ class Select(Expr):
     @property
     def dtype(self) -> str:
         return self.a.dtype
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """``fn(arg)`` for a float math function named in ``MATH_FUNCS``."""
+
+    fn: str
+    arg: Expr
+
+    def __post_init__(self) -> None:
+        if self.fn not in MATH_FUNCS:
+            raise ValueError(f"unknown math function {self.fn!r}; known: {', '.join(MATH_FUNCS)}")
+
+    @property
+    def dtype(self) -> str:
+        return "float32"
 
 
 class Stmt:
@@ -255,6 +279,11 @@ def _binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
 
 def binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
     return _binop(op, a, b)
+
+
+def call(fn: str, arg: ExprLike) -> Expr:
+    """``call("exp", x)``: a float math function of one float expression."""
+    return Call(fn, as_expr(arg))
 
 
 def fmax(a: ExprLike, b: ExprLike) -> Expr:
