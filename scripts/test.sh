@@ -8,4 +8,5 @@ bash scripts/install_browser.sh
 export OPENBLAS_NUM_THREADS=1
 .venv/bin/ruff check schedule_templates workers tuner_service migrations tests bench
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
