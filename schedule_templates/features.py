@@ -34,6 +34,7 @@ from schedule_templates.ir.nodes import (
     Barrier,
     BinOp,
     Buffer,
+    Call,
     Const,
     Expr,
     IfThen,
@@ -61,7 +62,11 @@ _OPS = ("add", "mul", "fma", "minmax", "select")
 _OPAQUE = -1.0  # stride of an access whose offset is not affine in the loop variable
 
 _ADD, _MUL, _FMA, _MINMAX, _SELECT = range(len(_OPS))
-_FLOAT_OPS = {"+": _ADD, "-": _ADD, "*": _MUL, "max": _MINMAX, "min": _MINMAX}
+_FLOAT_OPS = {"+": _ADD, "-": _ADD, "*": _MUL, "/": _MUL, "max": _MINMAX, "min": _MINMAX}
+#: a math function counted as the FMAs its inline code takes (llvm_math.py); the one-instruction
+#: intrinsics count as a mul. Kernels without calls keep the vectors they had.
+_CALL_FMAS = {"exp": 10, "log": 14, "sigmoid": 12, "tanh": 20, "erf": 24, "sqrt": 0, "abs": 0,
+              "floor": 0}
 # keyed by the enum value: hashing an Enum member runs Python code, a str hash does not
 _KIND_HOT = {kind.value: tuple(float(kind is k) for k in LOOP_KINDS) for kind in LOOP_KINDS}
 _SCOPE_HOT = {scope.value: tuple(float(scope is s) for s in SCOPES) for scope in SCOPES}
@@ -148,6 +153,11 @@ def _count(e: Expr, stmt: _Statement) -> bool:
         return _count(e.b, stmt) or fa
     if isinstance(e, Const):
         return e.const_dtype == "float32"
+    if isinstance(e, Call):
+        _count(e.arg, stmt)
+        fmas = _CALL_FMAS[e.fn]
+        stmt.ops[_FMA if fmas else _MUL] += fmas or 1
+        return True
     return False
 
 
@@ -204,6 +214,8 @@ def _accesses(stmt: _Statement) -> list[_Access]:
             stack += (e.b, e.a)
         elif isinstance(e, Select):
             stack += (e.b, e.a, e.cond)
+        elif isinstance(e, Call):
+            stack.append(e.arg)
     return out[:ACCESS_SLOTS]
 
 

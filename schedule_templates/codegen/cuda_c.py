@@ -33,6 +33,7 @@ from schedule_templates.ir.nodes import (
     Barrier,
     BinOp,
     Buffer,
+    Call,
     Const,
     Expr,
     IfThen,
@@ -49,8 +50,12 @@ from schedule_templates.ir.nodes import (
 
 #: C precedence (higher binds tighter)
 _PRECEDENCE = {"and": 1, "==": 2, "!=": 2, "<": 3, "<=": 3, ">=": 3, ">": 3,
-               "+": 4, "-": 4, "*": 5, "//": 5, "%": 5}
+               "+": 4, "-": 4, "*": 5, "//": 5, "%": 5, "/": 5}
 _C_OP = {"//": "/", "and": "&&"}
+#: the IR's math functions as CUDA C (``{}`` is the argument)
+_C_MATH = {"exp": "expf({})", "log": "logf({})", "sqrt": "sqrtf({})", "tanh": "tanhf({})",
+           "erf": "erff({})", "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "abs": "fabsf({})",
+           "floor": "floorf({})"}
 _COMPONENTS = "xyzw"
 _RESERVED = {"int", "float", "const", "for", "if", "else", "do", "while", "return", "char",
              "void", "auto", "register", "signed", "unsigned", "long", "short", "double",
@@ -351,6 +356,8 @@ class _Writer:
             text = (f"{self._expr(e.a, prec)} {_C_OP.get(e.op, e.op)} "
                     f"{self._expr(e.b, prec + 1)}")
             return f"({text})" if prec < parent else text
+        if isinstance(e, Call):
+            return _C_MATH[e.fn].format(self._expr(e.arg))
         raise CodegenError(f"cannot generate expression {type(e).__name__}")
 
 

@@ -17,6 +17,7 @@ import dataclasses
 
 from llvmlite import ir
 
+from schedule_templates.codegen.llvm_math import emit_math
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.analysis import flat_offset, linear_coeff, loads_in, substitute, uses_var
 from schedule_templates.ir.nodes import (
@@ -24,6 +25,7 @@ from schedule_templates.ir.nodes import (
     Allocate,
     BinOp,
     Buffer,
+    Call,
     Const,
     Expr,
     IfThen,
@@ -257,11 +259,13 @@ class LLVMGenerator:
                 return self._fma(b, *(self._expr(scope, x) for x in fused))
             return self._binop(b, e.op, self._expr(scope, e.a), self._expr(scope, e.b),
                                e.a.dtype)
+        if isinstance(e, Call):
+            return emit_math(b, self.module, e.fn, self._expr(scope, e.arg))
         raise CodegenError(f"cannot generate expression {type(e).__name__}")
 
     def _binop(self, b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
         if dtype == "float32":
-            table = {"+": b.fadd, "-": b.fsub, "*": b.fmul}
+            table = {"+": b.fadd, "-": b.fsub, "*": b.fmul, "/": b.fdiv}
             if op in table:
                 return table[op](x, y)
             if op in ("max", "min"):
@@ -346,6 +350,9 @@ class LLVMGenerator:
             x = self._widen(b, self._vexpr(scope, e.a, lane, lanes), lanes)
             y = self._widen(b, self._vexpr(scope, e.b, lane, lanes), lanes)
             return b.select(self._expr(scope, e.cond), x, y)
+        if isinstance(e, Call):
+            arg = self._widen(b, self._vexpr(scope, e.arg, lane, lanes), lanes)
+            return emit_math(b, self.module, e.fn, arg)
         raise CodegenError(f"cannot vectorize {type(e).__name__}")
 
     def _vload(self, scope: _Scope, e: Load, lane: Var, lanes: int) -> ir.Value:
@@ -421,6 +428,8 @@ def _lane_in_control(e: Expr, lane: Var) -> bool:
         if e.op in COMPARISONS and uses_var(e, lane):
             return True
         return _lane_in_control(e.a, lane) or _lane_in_control(e.b, lane)
+    if isinstance(e, Call):
+        return _lane_in_control(e.arg, lane)
     return False
 
 

@@ -25,6 +25,7 @@ from schedule_templates.ir.nodes import (
     Barrier,
     BinOp,
     Buffer,
+    Call,
     Const,
     Expr,
     IfThen,
@@ -99,6 +100,8 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         return BinOp(e.op, map_expr(e.a, fn), map_expr(e.b, fn))
     if isinstance(e, Select):
         return Select(map_expr(e.cond, fn), map_expr(e.a, fn), map_expr(e.b, fn))
+    if isinstance(e, Call):
+        return Call(e.fn, map_expr(e.arg, fn))
     if isinstance(e, Load):
         return Load(e.buffer, tuple(map_expr(i, fn) for i in e.indices))
     return e

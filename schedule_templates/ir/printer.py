@@ -7,6 +7,7 @@ from schedule_templates.ir.nodes import (
     Barrier,
     BinOp,
     Buffer,
+    Call,
     Const,
     Expr,
     IfThen,
@@ -21,7 +22,7 @@ from schedule_templates.ir.nodes import (
 )
 
 _PRECEDENCE = {"and": 1, "<": 2, "<=": 2, ">=": 2, ">": 2, "==": 2, "!=": 2,
-               "+": 3, "-": 3, "*": 4, "//": 4, "%": 4}
+               "+": 3, "-": 3, "*": 4, "//": 4, "%": 4, "/": 4}
 
 
 def format_expr(e: Expr, parent: int = 0) -> str:
@@ -33,6 +34,8 @@ def format_expr(e: Expr, parent: int = 0) -> str:
         return f"{e.buffer.name}[{', '.join(format_expr(i) for i in e.indices)}]"
     if isinstance(e, Select):
         return f"select({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
+    if isinstance(e, Call):
+        return f"{e.fn}({format_expr(e.arg)})"
     if isinstance(e, BinOp):
         if e.op in ("max", "min"):
             return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
