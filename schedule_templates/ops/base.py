@@ -110,7 +110,10 @@ def _tuples(value: Any) -> Any:
 
 
 def _load_builtin() -> None:
-    # Importing an operator module registers it. Add each new module here.
+    """Import every operator module of this package once (each registers its operators)."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
     import importlib
     import pkgutil
 
@@ -119,3 +122,7 @@ def _load_builtin() -> None:
     for info in pkgutil.iter_modules(package.__path__):
         if info.name != "base":
             importlib.import_module(f"schedule_templates.ops.{info.name}")
+    _DISCOVERED = True
+
+
+_DISCOVERED = False

@@ -116,15 +116,21 @@ def get_template(op: str, target: str = "llvm") -> Template:
 
 
 def _load_builtin() -> None:
-    # Importing the modules registers their templates; imported lazily so that this module
-    # stays cheap to import and free of cycles.
-    from schedule_templates.templates import (  # noqa: F401
-        cuda_conv2d,
-        cuda_depthwise,
-        cuda_gemm,
-        cuda_group_conv,
-        x86_conv2d,
-        x86_depthwise,
-        x86_gemm,
-        x86_group_conv,
-    )
+    """Import every module of the templates package once: each registers its templates.
+
+    Discovery instead of an import list, so that adding a template is adding one module.
+    Imported lazily so that this module stays cheap to import and free of cycles."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    import importlib
+    import pkgutil
+
+    from schedule_templates import templates as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    _DISCOVERED = True
+
+
+_DISCOVERED = False
