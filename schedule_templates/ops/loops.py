@@ -158,5 +158,14 @@ def local(name: str, lanes: int = VECTOR) -> Buffer:
     return Buffer(name, (lanes,), Scope.LOCAL)
 
 
+def tree(values: Sequence[Expr], combine: Callable[[Expr, Expr], Expr]) -> Expr:
+    """Combine values as a balanced tree (short dependency chains, exact for max)."""
+    items = list(values)
+    while len(items) > 1:
+        pairs = [combine(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
+        items = pairs + ([items[-1]] if len(items) % 2 else [])
+    return items[0]
+
+
 def fconst(value: float) -> Expr:
     return Const(float(value), "float32")

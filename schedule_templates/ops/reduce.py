@@ -12,7 +12,7 @@ instead accumulates whole inner rows into the output, streaming through memory i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from schedule_templates.ops.loops import (
     kernel_name,
     local,
     nest,
+    tree,
     vector_split,
     want_parallel,
 )
@@ -54,14 +55,6 @@ def _positive(op: str, **dims: object) -> None:
             raise GeneratedOpError(f"{op}: {name} must be a positive int, got {value!r}")
 
 
-def _tree(values: Sequence[Expr], combine: Combine) -> Expr:
-    items = list(values)
-    while len(items) > 1:
-        pairs = [combine(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
-        items = pairs + ([items[-1]] if len(items) % 2 else [])
-    return items[0]
-
-
 def row_reduce(base: Expr, n: int, combine: Combine, acc: Buffer,
                value: Callable[[Expr], Expr],
                before: Callable[[Expr], list[Stmt]] = lambda off: []) -> tuple[list[Stmt], Expr]:
@@ -72,7 +65,7 @@ def row_reduce(base: Expr, n: int, combine: Combine, acc: Buffer,
     width = _ACC_LANES if n >= _ACC_LANES else VECTOR if n >= VECTOR else 0
     if width == 0:  # a short row: one expression over its elements
         stmts = [s for j in range(n) for s in before(base + j)]
-        return stmts, _tree([value(base + j) for j in range(n)], combine)
+        return stmts, tree([value(base + j) for j in range(n)], combine)
 
     def fold(offset: Expr, lane: Expr) -> list[Stmt]:
         return [*before(offset), store(acc[lane], combine(acc[lane], value(offset)))]
@@ -92,7 +85,7 @@ def row_reduce(base: Expr, n: int, combine: Combine, acc: Buffer,
     if rem % VECTOR:
         r, mk_r = loop("r", rem % VECTOR)
         stmts.append(mk_r(fold(start + (rem // VECTOR) * VECTOR + r, r)))
-    return stmts, _tree([acc[j] for j in range(width)], combine)
+    return stmts, tree([acc[j] for j in range(width)], combine)
 
 
 def _rows(rows: int, row_stride: int, out_stride: int, work: int,

@@ -1,0 +1,71 @@
+"""Pool2d against numpy: borders, strides, dilation, ceil mode, count_include_pad, 1-2 threads."""
+
+import json
+
+import pytest
+
+from schedule_templates.ops.base import GeneratedOpError, op_from_json
+from schedule_templates.ops.pool import Pool2d
+from schedule_templates.ops.run import compile_op
+
+CASES = [  # shape, kernel, stride, pads (top, left, bottom, right), dilation
+    ((1, 7, 5, 3), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 13, 17, 19), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((1, 3, 33, 35), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1)),
+    ((1, 5, 20, 21), (3, 2), (1, 2), (1, 0, 2, 1), (2, 1)),  # asymmetric pads, dilation
+    ((2, 4, 9, 9), (7, 7), (1, 1), (3, 3, 3, 3), (1, 1)),
+    ((1, 2, 30, 30), (9, 9), (1, 1), (4, 4, 4, 4), (1, 1)),  # > 64 taps: folded row by row
+    ((2, 64, 56, 56), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),  # ResNet stem pool, threaded
+    ((1, 6, 14, 14), (5, 5), (3, 3), (2, 2, 2, 2), (1, 1)),
+    ((1, 1, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
+    ((3, 32, 40, 37), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # stride 1, threaded, SIMD rows
+]
+
+
+@pytest.mark.parametrize("shape, kernel, stride, pads, dilation", CASES)
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_pool(check_op, shape, kernel, stride, pads, dilation, mode, ceil_mode):
+    for include_pad in ([False, True] if mode == "avg" else [False]):
+        op = Pool2d(shape, mode, kernel, stride, pads, dilation, ceil_mode, include_pad)
+        check_op(op, exact=mode == "max")
+
+
+def test_output_shapes_follow_onnx():
+    assert Pool2d((1, 1, 112, 112), "max", (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False,
+                  False).output_shape() == (1, 1, 56, 56)
+    # ceil mode adds the partial window, but never one that starts in the tail padding
+    assert Pool2d((1, 1, 6, 6), "max", (2, 2), (2, 2), (0, 0, 1, 1), (1, 1), True,
+                  False).output_shape() == (1, 1, 3, 3)
+    assert Pool2d((1, 1, 5, 5), "avg", (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), True,
+                  False).output_shape() == (1, 1, 3, 3)
+
+
+def test_stride_one_rows_are_vectorized():
+    op = Pool2d((1, 8, 64, 64), "max", (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), False, False)
+    compiled = compile_op(op)
+    try:
+        assert "<16 x float>" in compiled.llvm_ir
+    finally:
+        compiled.close()
+
+
+def test_json_round_trip():
+    op = Pool2d((1, 3, 8, 8), "avg", (3, 3), (2, 2), (1, 1, 0, 0), (1, 1), True, True)
+    assert op_from_json(json.loads(json.dumps(op.to_json()))) == op
+
+
+GOOD = {"kind": "pool2d", "shape": [1, 3, 8, 8], "mode": "max", "kernel": [3, 3],
+        "stride": [1, 1], "pads": [1, 1, 1, 1], "dilation": [1, 1], "ceil_mode": False,
+        "count_include_pad": False}
+
+
+@pytest.mark.parametrize("change", [
+    {"shape": [3, 8, 8]}, {"shape": [1, 3, 0, 8]}, {"mode": "min"}, {"kernel": [3]},
+    {"kernel": [0, 3]}, {"stride": [1, 0]}, {"pads": [1, 1]}, {"pads": [-1, 0, 0, 0]},
+    {"dilation": [1, 1, 1]}, {"ceil_mode": "no"}, {"kernel": [9, 9], "pads": [0, 0, 0, 0]},
+    {"pads": [3, 3, 3, 3]},  # a window entirely in the padding
+])
+def test_malformed_is_refused(change):
+    with pytest.raises(GeneratedOpError):
+        op_from_json({**GOOD, **change})
