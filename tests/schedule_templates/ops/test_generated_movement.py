@@ -1,0 +1,76 @@
+"""Concat, slice and transpose: exact copies of numpy's results, 1 and 2 threads."""
+
+import json
+
+import pytest
+
+from schedule_templates.ops.base import GeneratedOpError, op_from_json
+from schedule_templates.ops.movement import Concat, Slice, Transpose
+from schedule_templates.ops.run import compile_op
+
+
+@pytest.mark.parametrize("outer, widths", [
+    (1, (7,)), (5, (3, 13, 1)), (1, (64 * 56 * 56, 64 * 56 * 56)),  # channel concat, N = 1
+    (37, (17, 33)), (2, (15, 16, 17)), (300, (70, 70, 3)), (1, (5000, 2999)),
+])
+def test_concat(check_op, outer, widths):
+    check_op(Concat(outer, widths), exact=True)
+
+
+@pytest.mark.parametrize("shape, starts, steps, out", [
+    ((1, 7, 5, 3), (0, 2, 1, 0), (1, 1, 1, 1), (1, 4, 3, 3)),
+    ((1, 7, 5, 3), (0, 0, 0, 1), (1, 2, 2, 1), (1, 4, 3, 2)),
+    ((4, 13, 33), (1, 0, 3), (2, 3, 2), (2, 5, 15)),
+    ((2, 64, 56, 56), (0, 32, 0, 0), (1, 1, 1, 1), (2, 32, 56, 56)),  # channel split
+    ((1, 3, 224, 224), (0, 0, 1, 1), (1, 1, 2, 2), (1, 3, 112, 112)),  # space-to-depth part
+    ((100000,), (17,), (1,), (99983,)),
+    ((9,), (8,), (1,), (1,)),
+])
+def test_slice(check_op, shape, starts, steps, out):
+    check_op(Slice(shape, starts, steps, out), exact=True)
+
+
+@pytest.mark.parametrize("shape, perm", [
+    ((1, 7, 5, 3), (0, 2, 3, 1)),            # NCHW -> NHWC
+    ((1, 5, 3, 7), (0, 3, 1, 2)),            # NHWC -> NCHW
+    ((2, 13, 17), (1, 0, 2)),                # the inner axis stays: vector copies
+    ((197, 12, 64), (1, 0, 2)),              # attention heads, threaded
+    ((12, 197, 64), (0, 2, 1)),              # K^T
+    ((300, 301), (1, 0)),
+    ((3, 1, 4, 1), (3, 2, 1, 0)),            # size-1 axes
+    ((2, 3, 4, 5, 6), (4, 0, 3, 1, 2)),
+    ((1, 24, 28, 28), (0, 2, 3, 1)),
+])
+def test_transpose(check_op, shape, perm):
+    check_op(Transpose(shape, perm), exact=True)
+
+
+def test_contiguous_copies_are_vectorized():
+    compiled = compile_op(Concat(64, (1024, 512)))
+    try:
+        assert "<16 x float>" in compiled.llvm_ir
+    finally:
+        compiled.close()
+
+
+@pytest.mark.parametrize("op", [Concat(3, (1, 2)), Slice((4, 5), (1, 0), (2, 1), (2, 5)),
+                                Transpose((2, 3, 4), (2, 0, 1))])
+def test_json_round_trip(op):
+    assert op_from_json(json.loads(json.dumps(op.to_json()))) == op
+
+
+@pytest.mark.parametrize("data", [
+    {"kind": "concat", "outer": 0, "widths": [1, 2]},
+    {"kind": "concat", "outer": 2, "widths": []},
+    {"kind": "concat", "outer": 2, "widths": [1, -2]},
+    {"kind": "slice", "shape": [4, 5], "starts": [1], "steps": [1, 1], "out": [1, 1]},
+    {"kind": "slice", "shape": [4, 5], "starts": [1, 0], "steps": [0, 1], "out": [1, 1]},
+    {"kind": "slice", "shape": [4, 5], "starts": [1, 0], "steps": [2, 1], "out": [3, 5]},
+    {"kind": "slice", "shape": [4, 5], "starts": [-1, 0], "steps": [1, 1], "out": [1, 5]},
+    {"kind": "transpose", "shape": [2, 3], "perm": [0, 0]},
+    {"kind": "transpose", "shape": [2, 3], "perm": [1, 0, 2]},
+    {"kind": "transpose", "shape": [2, 3], "perm": "10"},
+])
+def test_malformed_is_refused(data):
+    with pytest.raises(GeneratedOpError):
+        op_from_json(data)
