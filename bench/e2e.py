@@ -1,15 +1,19 @@
-"""End-to-end latency of the sample models (batch 1, fp32): our kernels with default configs,
-with tuned configs, onnxruntime and PyTorch eager, at the same thread counts, in one run.
+"""End-to-end latency of the samples and the zoo (batch 1, fp32): our build with default configs
+and with tuned configs, onnxruntime, OpenVINO (fp32) and PyTorch eager, at each thread count,
+in one run; plus the tuning budget each model used.
 
-    python bench/e2e.py [--json] [--models resnet18,mobilenet_v2,bert_block] [--threads 1,2]
-                        [--trials 32] [--retune] [--iterations 30]
+    python bench/e2e.py [--models resnet18,squeezenet1_1,...] [--threads 1,2] [--trials 32]
+                        [--tune | --no-tune] [--retune] [--iterations 10] [--json]
+                        [--write-docs [docs/e2e.md]]
 
-Tuned configs come from a quick local tuning of every task of the models (``bench/e2e_tune.py``,
-``--trials`` per task, at each thread count), cached under ``bench/data/`` so reruns only
-measure. Every measurement runs in a fresh process (``bench/e2e_run.py``) with the thread
-count set for that runtime alone (onnxruntime: intra_op_num_threads; PyTorch: set_num_threads;
-ours: the kernels' libgomp thread count). The machine is shared: the report carries the load
-average, and numbers taken under load are noisy.
+First every model is tuned (``bench/e2e_tune.py``: a real ``tuner tune`` job with xgb-transfer
+on a database shared across the models, cached per model, thread count and CPU class, so a
+rerun only measures). Then each engine runs each model in a fresh process at the thread count:
+ours through ``tuner run --check`` (latency, relative error against onnxruntime, step counts),
+the peers through ``bench/zoo_peer.py``, PyTorch through ``bench/e2e_run.py`` (samples) or
+``bench/zoo_torch.py`` (zoo, in .venv-zoo). Ratios are against the faster of onnxruntime and
+OpenVINO, with geometric means per thread count. The report carries the load average: numbers
+taken on a busy machine are noisy.
 """
 
 from __future__ import annotations
@@ -21,119 +25,171 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e_tune import cache_path, ensure_tuned
-
-from tuner_service.deploy.configs import ConfigBook, load_configs_file
-from tuner_service.deploy.library import build_library
-from tuner_service.frontend.samples import SAMPLE_MODELS, build_sample_model
-
 HERE = Path(__file__).resolve().parent
-ENGINES = ("default", "tuned", "onnxruntime", "torch")
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from e2e_models import ALL_MODELS, BenchModel, ModelUnavailable, kind_of, model_file  # noqa: E402
+from e2e_report import ratios, summary, write_docs  # noqa: E402
+from e2e_tune import MAX_TRIALS, TUNER, TuningFailed, cached, ensure_tuned  # noqa: E402
+from zoo import ZOO_PYTHON, ZooError, build, call, check_exporter, host, run_ours, run_peer  # noqa: E402
+
+logger = logging.getLogger("e2e")
+PEERS = ("onnxruntime", "openvino")
 
 
-def measure(engine: str, model: str, threads: int, iterations: int,
-            library: Path | None = None, nice: int = 0) -> dict[str, Any]:
-    kind = "ours" if engine in ("default", "tuned") else engine
-    prefix = ["nice", "-n", str(nice)] if nice else []
-    command = [*prefix, sys.executable, str(HERE / "e2e_run.py"), kind, model, str(threads),
-               str(iterations)] + ([str(library)] if library else [])
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = (done.stderr.strip().splitlines() or ["failed"])[-1]
-        return {"error": reason[-300:]}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+def run_torch(model: BenchModel, threads: int, iterations: int, zoo_python: Path
+              ) -> dict[str, Any]:
+    script = ([sys.executable, str(HERE / "e2e_run.py")] if model.kind == "sample"
+              else [str(zoo_python), str(HERE / "zoo_torch.py")])
+    data, error, _ = call([*script, model.name, str(threads), str(iterations)], "peer")
+    if data is None or "error" in data:
+        return {"error": error or (data or {}).get("error", "failed")}
+    return {"ms": data["median_s"] * 1e3}
 
 
-def build(model: str, book: ConfigBook, out: Path, threads: int) -> dict[str, int]:
-    manifest = build_library(build_sample_model(model), book, out, threads=threads)
-    kernels = manifest["kernels"]
-    return {"kernels": len(kernels), "tuned": sum(k["config_source"] == "tuned" for k in kernels),
-            "layers": len(manifest["layers"])}
+def tuning_of(model: BenchModel, threads: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The tuned configs for one row: tuned now (or from the cache), or the cached ones only."""
+    try:
+        if args.tune:
+            return ensure_tuned(model.name, model.path, threads, args.trials,
+                                args.retune).to_json()
+    except TuningFailed as e:
+        logger.warning("%s", e)
+        return {"error": str(e)}
+    known = cached(model.name, threads, None)
+    return known.to_json() if known else {"error": "no cached configs (run with --tune)"}
 
 
-def row(model: str, threads: int, results: dict[str, dict[str, Any]],
-        library: dict[str, int]) -> dict[str, Any]:
-    ms = {e: results[e]["median_s"] * 1e3 if "median_s" in results[e] else None for e in ENGINES}
-    out: dict[str, Any] = {"model": model, "threads": threads}
-    out.update({f"{e}_ms": ms[e] for e in ENGINES})
-    out.update({f"{e}_p90_ms": results[e].get("p90_s", 0) * 1e3 or None for e in ENGINES})
-    # under contention the fastest run is the best estimate of the quiet-machine latency
-    out.update({f"{e}_min_ms": results[e].get("min_s", 0) * 1e3 or None for e in ENGINES})
-    for other in ("default", "onnxruntime", "torch"):
-        both = ms["tuned"] is not None and ms[other] is not None
-        out[f"tuned_speedup_vs_{other}"] = ms[other] / ms["tuned"] if both else None
-    out["errors"] = {e: r["error"] for e, r in results.items() if "error" in r} or None
-    out["max_abs_diff_vs_onnxruntime"] = {
-        e: r.get("max_abs_diff_vs_onnxruntime") for e, r in results.items() if "error" not in r}
-    out["library"] = library
-    return out
+def measure_row(model: BenchModel, threads: int, tuning: dict[str, Any], default_lib: Path,
+                tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    path, iterations = str(model.path), args.iterations
+    engines: dict[str, Any] = {"default": run_ours(path, default_lib, threads, iterations)}
+    libraries: dict[str, Any] = {}
+    if "configs" in tuning:
+        tuned_lib = tmp / f"tuned-t{threads}"
+        libraries["tuned"] = build(path, tuned_lib, Path(tuning["configs"]), threads)
+        engines["tuned"] = (run_ours(path, tuned_lib, threads, iterations)
+                            if "error" not in libraries["tuned"] else libraries["tuned"])
+    else:
+        engines["tuned"] = {"error": "no tuned configs"}
+    for peer in PEERS:
+        engines[peer] = run_peer(peer, path, threads, iterations)
+    engines["torch"] = run_torch(model, threads, iterations, args.zoo_python)
+    return {"model": model.name, "kind": model.kind, "threads": threads, "engines": engines,
+            "ratios": ratios(engines), "tuning": tuning, "libraries": libraries}
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    def fmt(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.2f}"
-
-    print(f"{'model':<14}{'thr':>4}{'default':>10}{'tuned':>10}{'ort':>10}{'torch':>10}"
-          f"{'tuned/def':>11}{'vs ort':>9}{'vs torch':>10}   (ms, medians)")
-    for r in rows:
-        print(f"{r['model']:<14}{r['threads']:>4}{fmt(r['default_ms']):>10}"
-              f"{fmt(r['tuned_ms']):>10}{fmt(r['onnxruntime_ms']):>10}{fmt(r['torch_ms']):>10}"
-              f"{fmt(r['tuned_speedup_vs_default']):>11}"
-              f"{fmt(r['tuned_speedup_vs_onnxruntime']):>9}"
-              f"{fmt(r['tuned_speedup_vs_torch']):>10}")
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(SAMPLE_MODELS))
-    parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--trials", type=int, default=32, help="tuning trials per task")
-    parser.add_argument("--retune", action="store_true", help="ignore the cached configs")
-    parser.add_argument("--no-tune", action="store_true",
-                        help="use the cached configs as they are, tune nothing")
-    parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--nice", type=int, default=0,
-                        help="run the measurements at this niceness (negative: above other "
-                        "work on a shared machine; needs the privilege)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
-                        format="%(asctime)s %(message)s")
-    models = args.models.split(",")
-    thread_counts = [int(t) for t in args.threads.split(",")]
+def model_rows(model: BenchModel, tunings: dict[int, dict[str, Any]],
+               args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
-        for threads in thread_counts:
-            configs = cache_path(threads)
-            if not args.no_tune:
-                configs = ensure_tuned(models, threads, args.trials, args.retune)
-            book = (load_configs_file(configs) if configs.exists() else ConfigBook())
-            for model in models:
-                default_dir = Path(tmp) / f"{model}-default"
-                if not default_dir.exists():
-                    build(model, ConfigBook(), default_dir, threads)
-                tuned_dir = Path(tmp) / f"{model}-tuned-t{threads}"
-                library = build(model, book, tuned_dir, threads)
-                libraries = {"default": default_dir, "tuned": tuned_dir}
-                results = {e: measure(e, model, threads, args.iterations, libraries.get(e),
-                                      args.nice) for e in ENGINES}
-                rows.append(row(model, threads, results, library))
-    report = {"rows": rows, "trials_per_task": args.trials, "nice": args.nice,
-              "load_average": os.getloadavg(), "cpu_count": os.cpu_count()}
+        default_lib = Path(tmp) / "default"
+        built = build(str(model.path), default_lib)
+        for threads in args.threads:
+            logger.info("%s: measuring at %d thread(s)", model.name, threads)
+            row = measure_row(model, threads, tunings[threads], default_lib, Path(tmp), args)
+            row["libraries"]["default"] = built
+            rows.append(row)
+    return rows
+
+
+def unavailable_rows(name: str, error: str, threads: list[int]) -> list[dict[str, Any]]:
+    engines = {e: {"error": error} for e in ("default", "tuned", *PEERS, "torch")}
+    return [{"model": name, "kind": kind_of(name), "threads": t, "engines": engines,
+             "ratios": ratios(engines), "tuning": {"error": error}, "libraries": {}}
+            for t in threads]
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    models: list[BenchModel] = []
+    rows: list[dict[str, Any]] = []
+    for name in args.models:
+        try:
+            models.append(model_file(name, args.zoo_python, args.exporter))
+        except ModelUnavailable as e:
+            rows += unavailable_rows(name, str(e), args.threads)
+    # tune everything first: measurements then run without a tuning job beside them
+    tunings = {m.name: {t: tuning_of(m, t, args) for t in args.threads} for m in models}
+    for model in models:
+        rows += model_rows(model, tunings[model.name], args)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ALL_MODELS))
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--trials", type=int, default=MAX_TRIALS,
+                        help=f"tuning trials per task (1..{MAX_TRIALS})")
+    parser.add_argument("--tune", action=argparse.BooleanOptionalAction, default=True,
+                        help="tune models without cached configs (--no-tune: cached only)")
+    parser.add_argument("--retune", action="store_true", help="ignore the cached configs")
+    parser.add_argument("--iterations", type=int, default=10, help="runs per measurement")
+    parser.add_argument("--exporter", default="torchscript", choices=("torchscript", "dynamo"))
+    parser.add_argument("--zoo-python", type=Path, default=ZOO_PYTHON)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--write-docs", nargs="?", type=Path, const=ROOT / "docs" / "e2e.md",
+                        default=None, metavar="FILE", help="write the Markdown tables")
+    args = parser.parse_args(argv)
+    args.command = " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--threads takes comma-separated numbers, got {args.threads!r}")
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.models if m not in ALL_MODELS]
+    if unknown:
+        parser.error(f"unknown models {', '.join(unknown)}; choose from {', '.join(ALL_MODELS)}")
+    if not 1 <= args.trials <= MAX_TRIALS:
+        parser.error(f"--trials must be within 1..{MAX_TRIALS} (the issue's budget)")
+    if args.iterations < 1 or not args.threads or min(args.threads) < 1:
+        parser.error("--iterations and every --threads count must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
+                        format="%(asctime)s %(message)s", stream=sys.stderr)
+    if any(kind_of(m) == "zoo" for m in args.models):
+        try:
+            check_exporter(args.zoo_python)
+        except ZooError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    rows = run(args)
+    report = {"command": args.command, "host": host(), "threads": args.threads,
+              "iterations": args.iterations, "exporter": args.exporter, "tuner": TUNER,
+              "trials_per_task": args.trials, "rows": rows, "summary": summary(rows)}
+    report["load_average_end"] = list(os.getloadavg())
+    if args.write_docs is not None:
+        write_docs(report, args.write_docs)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_table(rows)
-        print(f"load average {report['load_average']}: other work on this machine adds noise")
+        print_summary(report)
     return 0
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    for row in report["rows"]:
+        e, r = row["engines"], row["ratios"]
+        ms = "  ".join(f"{k} {e[k]['ms']:.2f}" if "ms" in e[k] else f"{k} err" for k in e)
+        best = r["tuned_vs_best"]
+        print(f"{row['model']:<20} @{row['threads']}  {ms}  tuned vs best peer "
+              f"{'n/a' if best is None else f'{best:.2f}'}")
+    for s in report["summary"]:
+        gm = s["geomean_tuned_vs_best"]
+        print(f"{s['kind']} @{s['threads']}: geomean tuned vs best peer "
+              f"{'n/a' if gm is None else f'{gm:.2f}'}, faster than both on "
+              f"{s['tuned_beats_both']}/{s['models']}")
+    print(f"load average {report['host']['load_average']} at start: other work adds noise")
 
 
 if __name__ == "__main__":

@@ -55,10 +55,12 @@ def tuner_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "tuner_service.cli.main"]
 
 
-def call(command: list[str], stage: str) -> tuple[dict[str, Any] | None, str, float]:
-    """(JSON of the last stdout line, or None; the error line; seconds)."""
+def call(command: list[str], stage: str, env: dict[str, str] | None = None
+         ) -> tuple[dict[str, Any] | None, str, float]:
+    """(JSON of the last stdout line, or None; the error line; seconds). ``env``: the child's
+    whole environment (default: ours)."""
     started = time.perf_counter()
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    env = {**(os.environ if env is None else env), "OPENBLAS_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=env,
                               timeout=TIMEOUT_S[stage])
@@ -101,12 +103,17 @@ def extract(path: str) -> dict[str, Any]:
             "unsupported": len(data["unsupported"]), "unsupported_reasons": reasons}
 
 
-def build(path: str, out: Path) -> dict[str, Any]:
-    data, error, seconds = call([*tuner_command(), "build", path, "-o", str(out), "--json"],
-                                "build")
+def build(path: str, out: Path, configs: Path | None = None, threads: int | None = None
+          ) -> dict[str, Any]:
+    """``tuner build`` of ``path`` into ``out`` (default configs unless ``configs``)."""
+    command = [*tuner_command(), "build", path, "-o", str(out), "--json"]
+    command += ["--configs", str(configs)] if configs is not None else []
+    command += ["--threads", str(threads)] if threads is not None else []
+    data, error, seconds = call(command, "build")
     if data is None:
         return {"error": error}
-    return {"build_s": round(seconds, 1), "kernels": data["kernels"], "layers": data["layers"]}
+    return {"build_s": round(seconds, 1), "kernels": data["kernels"], "layers": data["layers"],
+            "tuned_kernels": data.get("tuned", 0)}
 
 
 def run_ours(path: str, library: Path, threads: int, iterations: int) -> dict[str, Any]:
@@ -115,9 +122,10 @@ def run_ours(path: str, library: Path, threads: int, iterations: int) -> dict[st
                            "--warmup", "1", "--check", "--json"], "run")
     if data is None:
         return {"error": error}
+    # every step count the runner reports (kernel layers, numpy steps, generated operators)
+    steps = {k: v for k, v in data.items() if k.endswith(("_steps", "_layers"))}
     return {"ms": data["latency_ms"]["median"],
-            "max_rel_error": data["check"]["max_rel_error"],
-            "numpy_steps": data["numpy_steps"], "kernel_layers": data["kernel_layers"],
+            "max_rel_error": data["check"]["max_rel_error"], **steps,
             "reference_evaluator": {r["op"]: round(r["share"], 4)
                                     for r in data.get("reference_evaluator", [])}}
 

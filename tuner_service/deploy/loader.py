@@ -11,10 +11,13 @@ import ctypes
 import dataclasses
 import json
 import logging
+import os
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 from schedule_templates.errors import ScheduleError
+from schedule_templates.ops.base import GeneratedOp, op_from_json
 from schedule_templates.space import Config
 from schedule_templates.templates.base import Template, template_by_name
 from schedule_templates.workloads import Workload, parse_workload
@@ -25,6 +28,29 @@ logger = logging.getLogger(__name__)
 
 # CPU features whose absence makes generated code fault (illegal instruction) rather than slow.
 _CRITICAL_FEATURES = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma", "avx")
+
+#: How the kernels' libgomp worker threads wait between parallel loops: None keeps libgomp's own
+#: default (spin GOMP_SPINCOUNT=300000 iterations, then sleep), "passive" / "active" set
+#: OMP_WAIT_POLICY, a number sets GOMP_SPINCOUNT. Spinning saves a wake-up per layer on an idle
+#: machine and costs a time slice per layer on a loaded one (SqueezeNet, 2 threads, busy
+#: machine: 683 ms spinning vs 54 ms passive); ``bench/omp_policy.py`` measures the choices.
+#: A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT always wins.
+WAIT_POLICY: str | None = None
+_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def apply_wait_policy(policy: str | None,
+                      environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Put ``policy`` into the environment unless the user chose one; returns what it set.
+
+    libgomp reads these once, when it is loaded: this runs before the first kernel library (or
+    the JIT, which loads libgomp too) is opened in the process, and later calls change nothing
+    for a libgomp already running."""
+    if policy is None or any(name in environ for name in _WAIT_VARIABLES):
+        return {}
+    name = "GOMP_SPINCOUNT" if policy.isdigit() else "OMP_WAIT_POLICY"
+    environ[name] = policy
+    return {name: policy}
 
 
 @dataclasses.dataclass
@@ -38,12 +64,23 @@ class LoadedKernel:
     function: Any  # the ctypes function: (void* args..., int64 nthreads) -> void
 
 
+@dataclasses.dataclass
+class LoadedGenerated:
+    """A generated operator's kernel (``schedule_templates.ops``): same calling convention."""
+
+    symbol: str
+    op: GeneratedOp
+    args: list[dict[str, Any]]
+    function: Any
+
+
 class KernelLibrary:
     """The manifest and the callable kernels of one build directory."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.manifest = read_manifest(directory)
+        apply_wait_policy(WAIT_POLICY)  # before check_host: host_features loads libgomp
         check_host(self.manifest)
         path = directory / str(self.manifest.get("library", LIBRARY_FILE))
         try:
@@ -51,6 +88,12 @@ class KernelLibrary:
         except OSError as e:
             raise LibraryError(f"cannot load {path}: {e}") from e
         self.kernels = {k["symbol"]: self._load_kernel(k) for k in self.manifest["kernels"]}
+        #: None for a library built without generated kernels (or before they existed): the
+        #: runner then computes those nodes in numpy
+        self.generated: dict[str, LoadedGenerated] | None = None
+        if "generated" in self.manifest:
+            self.generated = {g["symbol"]: self._load_generated(g)
+                              for g in self.manifest["generated"]}
 
     @property
     def threads(self) -> int:
@@ -68,14 +111,27 @@ class KernelLibrary:
             config = template.space(workload).from_json(entry["config"])
         except ScheduleError as e:
             raise LibraryError(f"kernel {symbol} in the manifest is invalid: {e}") from e
+        return LoadedKernel(symbol, workload, template, config, entry["config_source"],
+                            entry["args"], self._function(symbol, entry["args"]))
+
+
+    def _load_generated(self, entry: dict[str, Any]) -> LoadedGenerated:
+        symbol = entry["symbol"]
+        try:
+            op = op_from_json(entry["op"])
+        except ScheduleError as e:
+            raise LibraryError(f"generated kernel {symbol} in the manifest is invalid ({e}): "
+                               "rebuild the library") from e
+        return LoadedGenerated(symbol, op, entry["args"], self._function(symbol, entry["args"]))
+
+    def _function(self, symbol: str, args: list[dict[str, Any]]) -> Any:
         try:
             function = getattr(self._lib, symbol)
         except AttributeError:
             raise LibraryError(f"{LIBRARY_FILE} has no symbol {symbol}") from None
-        function.argtypes = [ctypes.c_void_p] * len(entry["args"]) + [ctypes.c_int64]
+        function.argtypes = [ctypes.c_void_p] * len(args) + [ctypes.c_int64]
         function.restype = None
-        return LoadedKernel(symbol, workload, template, config, entry["config_source"],
-                            entry["args"], function)
+        return function
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""The end-to-end benchmark's ratios, geometric means and Markdown (``docs/e2e.md``).
+
+A ratio is peer ms / our ms, so above 1 means we are faster. "Best peer" is the faster of
+onnxruntime and OpenVINO in that row (whichever ran): the issue's bar is beating both.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from zoo_report import fmt_ms, host_line, load_note
+
+PEERS = ("onnxruntime", "openvino")
+OURS = ("default", "tuned")
+
+
+def _ms(result: dict[str, Any] | None) -> float | None:
+    value = (result or {}).get("ms")
+    return float(value) if value else None
+
+
+def best_peer(engines: dict[str, Any]) -> tuple[str, float] | None:
+    timed = [(name, ms) for name in PEERS if (ms := _ms(engines.get(name))) is not None]
+    return min(timed, key=lambda item: item[1]) if timed else None
+
+
+def ratios(engines: dict[str, Any]) -> dict[str, float | None]:
+    """``{ours}_vs_best`` and ``{ours}_vs_onnxruntime`` for default and tuned."""
+    best = best_peer(engines)
+    ort = _ms(engines.get("onnxruntime"))
+    out: dict[str, float | None] = {}
+    for ours in OURS:
+        ms = _ms(engines.get(ours))
+        out[f"{ours}_vs_best"] = best[1] / ms if best and ms else None
+        out[f"{ours}_vs_onnxruntime"] = ort / ms if ort and ms else None
+    return out
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per thread count and group (samples, zoo): geometric means of the ratios over the models
+    that have them, and how many models the tuned build runs faster than both peers."""
+    out = []
+    for threads in sorted({r["threads"] for r in rows}):
+        for kind in ("sample", "zoo"):
+            group = [r for r in rows if r["threads"] == threads and r["kind"] == kind]
+            if not group:
+                continue
+            entry: dict[str, Any] = {"threads": threads, "kind": kind, "models": len(group)}
+            for key in ("tuned_vs_best", "default_vs_best", "tuned_vs_onnxruntime",
+                        "default_vs_onnxruntime"):
+                values = [r["ratios"][key] for r in group if r["ratios"][key] is not None]
+                entry[f"geomean_{key}"] = geomean(values)
+                entry[f"n_{key}"] = len(values)
+            entry["tuned_beats_both"] = sum(
+                1 for r in group if (r["ratios"]["tuned_vs_best"] or 0) > 1
+                and all(_ms(r["engines"].get(p)) for p in PEERS))
+            out.append(entry)
+    return out
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _steps(row: dict[str, Any]) -> str:
+    run = row["engines"].get("tuned") or {}
+    if "ms" not in run:
+        run = row["engines"].get("default") or {}
+    counts = {k: v for k, v in run.items() if k.endswith(("_steps", "_layers"))}
+    return ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(counts.items()))
+
+
+def _error(row: dict[str, Any]) -> str:
+    errors = [row["engines"].get(o, {}).get("max_rel_error") for o in OURS]
+    known = [e for e in errors if e is not None]
+    return f"{max(known):.1e}" if known else ""
+
+
+def _budget(row: dict[str, Any]) -> str:
+    tuning = row.get("tuning") or {}
+    if "trials" not in tuning:
+        return "err" if tuning else ""
+    return f"{tuning['trials']} / {tuning['wall_s']:.0f}"
+
+
+def table(rows: list[dict[str, Any]], threads: int) -> list[str]:
+    head = ["model", "default ms", "tuned ms", "ORT ms", "OpenVINO ms", "PyTorch ms",
+            "tuned vs best peer", "default vs best peer", "default vs ORT", "max rel err",
+            "steps (tuned run)", "tuning trials / s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in (r for r in rows if r["threads"] == threads):
+        e, r = row["engines"], row["ratios"]
+        cells = [row["model"], *(fmt_ms(e.get(k)) for k in
+                                 ("default", "tuned", "onnxruntime", "openvino", "torch")),
+                 _fmt(r["tuned_vs_best"]), _fmt(r["default_vs_best"]),
+                 _fmt(r["default_vs_onnxruntime"]), _error(row), _steps(row), _budget(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary_table(entries: list[dict[str, Any]]) -> list[str]:
+    head = ["threads", "models", "geomean tuned vs best peer", "tuned faster than both",
+            "geomean default vs best peer", "geomean default vs ORT"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in entries:
+        cells = [str(s["threads"]), f"{s['kind']} ({s['models']})",
+                 _fmt(s["geomean_tuned_vs_best"]), str(s["tuned_beats_both"]),
+                 _fmt(s["geomean_default_vs_best"]), _fmt(s["geomean_default_vs_onnxruntime"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def problems(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for row in rows:
+        name = f"{row['model']} @{row['threads']}"
+        for engine, result in row["engines"].items():
+            if "error" in result:
+                lines.append(f"- {name}: {engine} failed: `{result['error']}`")
+            rel = result.get("max_rel_error")
+            if rel is not None and rel > 1e-4:
+                lines.append(f"- {name}: {engine} relative error {rel:.1e} above 1e-4")
+        if "error" in (row.get("tuning") or {}):
+            lines.append(f"- {name}: tuning failed: `{row['tuning']['error']}`")
+    return lines or ["- none"]
+
+
+HEADER = """# End to end: our builds against onnxruntime, OpenVINO and PyTorch
+
+Generated by `python bench/e2e.py {command}`. Batch 1, fp32 (OpenVINO with
+INFERENCE_PRECISION_HINT f32), random weights; samples built in code, zoo models exported with
+the {exporter} exporter (`bash scripts/zoo_env.sh`). Each number is the median of {iterations}
+runs in a fresh process at that thread count. **Tuned** configs come from real `tuner tune`
+jobs (embedded server, `{tuner}`, at most {trials} trials per task, at the measured thread
+count, one shared tuning database per thread count so that earlier models warm the log);
+"tuning trials / s" is the budget the job used. Ratios are peer ms / our ms (above 1: we are
+faster); "best peer" is the faster of onnxruntime and OpenVINO. Relative error: max |ours -
+onnxruntime| / max |onnxruntime| over the outputs (target 1e-4).
+
+{host}
+{load_note}
+"""
+
+
+def write_docs(report: dict[str, Any], path: Path) -> None:
+    rows = report["rows"]
+    text = HEADER.format(command=report["command"], exporter=report["exporter"],
+                         iterations=report["iterations"], tuner=report["tuner"],
+                         trials=report["trials_per_task"], host=host_line(report["host"]),
+                         load_note=load_note(report["host"]))
+    body = [text, "## Summary", "", *summary_table(report["summary"]), ""]
+    for threads in sorted({r["threads"] for r in rows}):
+        body += [f"## {threads} thread{'s' if threads > 1 else ''}", "", *table(rows, threads),
+                 ""]
+    body += ["## Problems", "", *problems(rows), ""]
+    path.write_text("\n".join(body))

@@ -1,0 +1,101 @@
+"""bench/e2e.py's arithmetic and report on made-up measurements (no model is run, nothing is
+timed): ratios against the faster peer, geometric means, the Markdown tables, argument checks."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import e2e
+import e2e_report
+import e2e_tune
+
+
+def _row(model: str, kind: str, threads: int, **ms: float | None) -> dict[str, Any]:
+    engines = {name: ({"ms": value, "max_rel_error": 1e-6, "kernel_layers": 3,
+                       "numpy_steps": 1} if name in ("default", "tuned") else {"ms": value})
+               if value is not None else {"error": "not installed"}
+               for name, value in ms.items()}
+    return {"model": model, "kind": kind, "threads": threads, "engines": engines,
+            "ratios": e2e_report.ratios(engines),
+            "tuning": {"trials": 24, "wall_s": 16.0}, "libraries": {}}
+
+
+def test_ratios_are_against_the_faster_peer_that_ran() -> None:
+    row = _row("m", "zoo", 1, default=20.0, tuned=10.0, onnxruntime=15.0, openvino=12.0)
+    assert row["ratios"]["tuned_vs_best"] == pytest.approx(1.2)
+    assert row["ratios"]["default_vs_onnxruntime"] == pytest.approx(0.75)
+    only_ort = _row("m", "zoo", 1, default=20.0, tuned=10.0, onnxruntime=15.0, openvino=None)
+    assert only_ort["ratios"]["tuned_vs_best"] == pytest.approx(1.5)
+    untuned = _row("m", "zoo", 1, default=20.0, tuned=None, onnxruntime=15.0, openvino=None)
+    assert untuned["ratios"]["tuned_vs_best"] is None
+
+
+def test_summary_geomeans_and_wins_per_thread_count_and_group() -> None:
+    rows = [_row("a", "zoo", 2, default=10.0, tuned=5.0, onnxruntime=10.0, openvino=20.0),
+            _row("b", "zoo", 2, default=10.0, tuned=20.0, onnxruntime=10.0, openvino=10.0),
+            _row("c", "sample", 2, default=1.0, tuned=1.0, onnxruntime=2.0, openvino=None)]
+    by_kind = {s["kind"]: s for s in e2e_report.summary(rows)}
+    assert by_kind["zoo"]["geomean_tuned_vs_best"] == pytest.approx(math.sqrt(2.0 * 0.5))
+    assert by_kind["zoo"]["tuned_beats_both"] == 1
+    # a row where a peer did not run cannot count as beating both
+    assert by_kind["sample"]["tuned_beats_both"] == 0
+    assert by_kind["sample"]["geomean_default_vs_onnxruntime"] == pytest.approx(2.0)
+
+
+def test_markdown_has_a_table_per_thread_count_and_lists_problems(tmp_path: Path) -> None:
+    rows = [_row("resnet18", "sample", t, default=10.0, tuned=8.0, onnxruntime=9.0,
+                 openvino=None, torch=12.0) for t in (1, 2)]
+    report = {"command": "--models resnet18", "exporter": "torchscript", "iterations": 3,
+              "tuner": "xgb-transfer", "trials_per_task": 2, "rows": rows,
+              "summary": e2e_report.summary(rows),
+              "host": {"cpu": "cpu", "cores": 2, "date": "today", "load_average": [0.1],
+                       "versions": {"onnxruntime": "1"}}}
+    out = tmp_path / "e2e.md"
+    e2e_report.write_docs(report, out)
+    text = out.read_text()
+    assert "## 1 thread" in text and "## 2 threads" in text
+    assert "| resnet18 | 10.0 | 8.0 | 9.0 | err | 12.0 | 1.12 |" in text
+    assert "openvino failed: `not installed`" in text
+    assert "24 / 16" in text
+
+
+@pytest.mark.parametrize("argv", [["--trials", "33"], ["--trials", "0"], ["--models", "nope"],
+                                  ["--threads", "1,x"], ["--iterations", "0"]])
+def test_bad_arguments_are_refused_with_a_message(argv: list[str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        e2e.parse_args(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_defaults_cover_samples_and_zoo_at_one_and_two_threads() -> None:
+    args = e2e.parse_args([])
+    assert args.threads == [1, 2] and args.trials == 32 and args.tune
+    assert {"resnet18", "mobilenet_v2", "bert_block", "squeezenet1_1"} <= set(args.models)
+    assert not e2e.parse_args(["--no-tune"]).tune
+
+
+def test_tuning_cache_is_keyed_by_model_threads_and_device_class(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(e2e_tune, "CACHE", tmp_path)
+    slug = e2e_tune.device_slug()
+    assert slug.startswith("cpu_") and "/" not in slug and ":" not in slug
+    configs, meta = e2e_tune.cache_files("resnet18", 2)
+    assert configs.name == f"resnet18-t2-{slug}.json"
+    assert e2e_tune.cached("resnet18", 2, None) is None
+    configs.parent.mkdir(parents=True)
+    configs.write_text("{}")
+    meta.write_text('{"trials_per_task": 8, "trials": 96, "wall_s": 40.0, "tasks": 12, '
+                    '"tuned_tasks": 12, "job_id": 3}')
+    hit = e2e_tune.cached("resnet18", 2, 8)
+    assert hit is not None and hit.origin == "cache" and hit.trials == 96
+    assert e2e_tune.cached("resnet18", 2, 32) is None  # another budget: tune again
+    assert e2e_tune.cached("resnet18", 1, None) is None
