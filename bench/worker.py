@@ -1,5 +1,11 @@
 """Benchmark of the measurement worker (not a test).
 
+0. Pipeline: one worker with its defaults (builds beside the timed runs, claims prefetched,
+   batched reports, the compile cache) on random valid configs of ResNet-18's conv tasks from
+   the stub server, with the server's default run protocol: candidates per minute, the overhead
+   per candidate (wall time per candidate minus its timed protocol) and each stage's p50/p90
+   from the results' ``timings``. A share of the items repeat an earlier config (the server
+   re-measures its bests), which the compile cache serves.
 1. Overhead: per candidate, the time from a claim's answer to the acknowledged report, minus
    the candidate's own measurement (compile + check + timed runs, the child's wall time). Uses
    the real server on loopback (SQLite) when its dependencies are installed, else the stub
@@ -8,6 +14,7 @@
    coefficient of variation of the 10 mean costs.
 
     python bench/worker.py --json
+    python bench/worker.py --json --only pipeline --pipeline-candidates 120
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import sys
@@ -28,12 +36,14 @@ from schedule_templates.records import MeasureOptions
 from workers.agent import Agent
 from workers.backends import BackendSpec
 from workers.client import ServerClient
+from workers.compile_cache import CompileCache
 from workers.hardware import cpu_facts
 from workers.measure import measure_candidate
 from workers.measure.pool import IsolatedMeasurer
 from workers.settings import WorkerSettings
 from workers.spool import Spool
 from workers.stub_server import StubServer
+from workers.timings import STAGES
 
 TOKEN = "bench-admin-token-0123456789abcdef"
 DEVICE = "bench-cpu"
@@ -66,15 +76,89 @@ class TimingClient(ServerClient):
         return answer
 
 
-def run_agent(url: str, token: str, backend: BackendSpec, wanted: int, spool_dir: Path
-              ) -> TimingClient:
+def run_agent(url: str, token: str, backend: BackendSpec, wanted: int, spool_dir: Path,
+              **overrides: Any) -> TimingClient:
+    """A worker until ``wanted`` results are acknowledged; by default the old one-at-a-time
+    loop (one item per claim, no overlap), which the overhead and repeatability parts measure."""
+    values: dict[str, Any] = {"max_idle_s": 20.0, "poll_s": 1.0, "max_items": 1,
+                              "overlap_builds": False, "prefetch": 1, "report_batch": 1,
+                              **overrides}
     settings = WorkerSettings(server=url, token=token, device_key=DEVICE, backend=backend.name,
-                              spool_dir=spool_dir, max_idle_s=20.0, poll_s=1.0, max_items=1)
+                              spool_dir=spool_dir, **values)
     stop = threading.Event()
     client = TimingClient(url, token, stop=stop, wanted=wanted)
-    with Spool(spool_dir) as spool, IsolatedMeasurer(backend) as measurer, client:
+    cache = CompileCache(settings.compile_cache_entries,
+                         int(settings.compile_cache_mb * 1024 * 1024))
+    with Spool(spool_dir) as spool, client, IsolatedMeasurer(
+            backend, settings.parallel_build, overlap=settings.overlap_builds,
+            cache=cache) as measurer:
         Agent(settings, client, spool, measurer, stop).run()
+        client.cache_hits = cache.hits  # type: ignore[attr-defined]
     return client
+
+
+def resnet18_items(candidates: int, repeat_share: float, seed: int) -> list[dict[str, Any]]:
+    """Random valid configs of ResNet-18's conv tasks, round robin; a share repeats one."""
+    from workloads import RESNET18_CONVS  # bench/workloads.py, beside this script
+
+    from schedule_templates.errors import InvalidConfigError
+    from schedule_templates.templates.base import get_template
+    from schedule_templates.workloads import parse_workload
+
+    rng = random.Random(seed)
+    options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50.0).to_json()
+    items: list[dict[str, Any]] = []
+    while len(items) < candidates:
+        key = RESNET18_CONVS[len(items) % len(RESNET18_CONVS)]
+        if items and rng.random() < repeat_share:
+            items.append({**rng.choice(items), "measure_id": len(items)})
+            continue
+        workload = parse_workload(key)
+        template = get_template(workload.op, "llvm")
+        space = template.space(workload)
+        while True:
+            config = space.get(rng.randrange(space.size))
+            try:
+                template.check(workload, config)
+                break
+            except InvalidConfigError:
+                continue
+        items.append({"measure_id": len(items), "template": template.name,
+                      "template_version": template.version, "workload": key,
+                      "target": "llvm", "config": {"index": config.index}, "threads": 1,
+                      "options": options})
+    return items
+
+
+def bench_pipeline(candidates: int, repeat_share: float, tmp: Path) -> dict[str, Any]:
+    items = resnet18_items(candidates, repeat_share, seed=0)
+    with StubServer(TOKEN, heartbeat_s=10.0) as stub:
+        stub.queue += items
+        start = time.perf_counter()
+        client = run_agent(stub.url, TOKEN, BackendSpec("llvm"), candidates, tmp / "spool0",
+                           max_items=0, overlap_builds=True, prefetch=0, report_batch=32)
+    done = [client.results[i] for i in sorted(client.acked)]
+    elapsed = max(client.acked.values()) - start
+    timings = [r["timings"] for r in done if "timings" in r]
+    measure_s = statistics.fmean(t["measure_s"] for t in timings)
+    stages = {}
+    for name in STAGES:
+        values = sorted(t[name] * 1e3 for t in timings)
+        stages[name] = {"p50_ms": round(values[len(values) // 2], 1),
+                        "p90_ms": round(values[int(0.9 * (len(values) - 1))], 1)}
+    per_candidate_ms = elapsed / len(done) * 1e3
+    return {
+        "tasks": "ResNet-18 convs (11), random valid configs, threads=1, repeat=3, "
+                 "min_repeat_ms=50", "candidates": len(done),
+        "ok": sum(1 for r in done if r["error_kind"] == 0),
+        "repeat_share": repeat_share, "compile_cache_hits": getattr(client, "cache_hits", 0),
+        "elapsed_s": round(elapsed, 2),
+        "candidates_per_min": round(60.0 * len(done) / elapsed, 1), "target_per_min": 120,
+        "per_candidate_ms": round(per_candidate_ms, 1),
+        "overhead_per_candidate_ms": round(per_candidate_ms - measure_s * 1e3, 1),
+        "overhead_target_ms": 150, "stages": stages,
+        "noisy_share": round(sum(1 for r in done if r.get("noisy")) / len(done), 3),
+    }
 
 
 def overhead_stats(client: TimingClient, skip_first: int = 1) -> dict[str, Any]:
@@ -190,14 +274,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=40)
     parser.add_argument("--claims", type=int, default=10)
     parser.add_argument("--workload", default="dense:M=512,N=512,K=512")
+    parser.add_argument("--pipeline-candidates", type=int, default=90)
+    parser.add_argument("--repeat-share", type=float, default=0.1,
+                        help="share of pipeline items that repeat an earlier config")
+    parser.add_argument("--only", choices=("pipeline", "overhead", "repeatability"),
+                        help="run one part")
     args = parser.parse_args(argv)
+    parts = {
+        "pipeline": lambda tmp: bench_pipeline(args.pipeline_candidates, args.repeat_share, tmp),
+        "overhead": lambda tmp: bench_overhead(args.candidates, tmp),
+        "repeatability": lambda tmp: bench_repeatability(args.workload, args.claims, tmp),
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        report = {
+        report: dict[str, Any] = {
             "machine": {k: cpu_facts()[k] for k in ("cpu_model", "logical_cores", "vector_bits")},
             "load_average_at_start": os.getloadavg(),
-            "overhead": bench_overhead(args.candidates, Path(tmp)),
-            "repeatability": bench_repeatability(args.workload, args.claims, Path(tmp)),
         }
+        for name, part in parts.items():
+            if args.only in (None, name):
+                report[name] = part(Path(tmp))
     print(json.dumps(report, indent=None if args.json else 2))
     return 0
 

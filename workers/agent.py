@@ -1,5 +1,10 @@
 """The worker loop: register, claim (long-poll), measure in isolation, report; survive outages.
 
+A pipeline: a feed thread claims ahead and reports in batches (``feed``), the measurer builds
+the next candidates on the cores a timed kernel leaves free and reuses compiled code across
+claims (``measure.pool``, ``compile_cache``), and every result carries where its time went
+(``timings``). This process's own threads are kept off the timing core while it runs.
+
 Results go to the on-disk spool before they are sent, and leave it only when the server has
 acknowledged them (accepted, duplicate or rejected), so a server or network outage loses
 nothing: the worker backs off, keeps the results, and sends them again (reports are
@@ -16,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -23,15 +29,19 @@ from schedule_templates.records import ErrorKind, MeasureResult
 from workers.backends import BackendSpec, backend_class
 from workers.backoff import Backoff
 from workers.client import ServerClient
+from workers.compile_cache import CompileCache
 from workers.device_class import DeviceClass, DeviceClassError
 from workers.errors import ProtocolError, ServerRejected, ServerUnavailable, WorkerError
+from workers.feed import Claimed, Feed
 from workers.hardware import accelerator_facts, cpu_facts, device_class, software_versions
 from workers.heartbeat import Heartbeat, HeldItems
-from workers.measure.pool import IsolatedMeasurer
+from workers.measure.cores import pinned
+from workers.measure.pool import IsolatedMeasurer, Measured
 from workers.peak import PeakGauge
 from workers.settings import WorkerSettings
 from workers.spool import Spool
 from workers.task import MeasureId, MeasureTask
+from workers.timings import StageTimes
 
 logger = logging.getLogger(__name__)
 
@@ -62,26 +72,75 @@ class Agent:
         #: measure id -> threads it runs on, for the peak reported with its result
         self._threads: dict[MeasureId, int] = {}
         self._backoff = Backoff(cap_s=settings.backoff_cap_s)
+        self._register_lock = threading.Lock()
 
     def run(self) -> int:
         """Work until stopped, idle for ``max_idle_s``, or done with one batch (``once``)."""
         if not self._register():
             return 0
+        if self.settings.once:
+            self._run_batches()
+        else:
+            self._run_pipelined()
+        self._final_flush()
+        return 0
+
+    def _run_batches(self) -> None:
+        """Claim, measure and report one batch at a time (``once``: a single batch)."""
         idle_since = time.monotonic()
         while not self.stop.is_set():
             self._flush_spool()  # results first: claiming more while they wait helps nobody
+            start = time.monotonic()
             items = self._claim()
             if items:
-                self._process(items)
+                self._process(items, start)
                 idle_since = time.monotonic()
                 if self.settings.once:
                     break
-            elif (self.settings.max_idle_s is not None
-                  and time.monotonic() - idle_since >= self.settings.max_idle_s):
-                logger.info("no work for %.0f s; exiting", self.settings.max_idle_s)
+            elif self._idle_too_long(idle_since):
                 break
-        self._final_flush()
-        return 0
+
+    def _run_pipelined(self) -> None:
+        """Measure what the feed thread claims ahead, as long as there is work."""
+        self._measure_peaks()  # now, on every core, while nothing is being timed
+        feed = Feed(self._claim_tasks, self._report_once, lambda: len(self.spool),
+                    depth=self.settings.prefetch or 2 * self.measurer.processes,
+                    poll_s=self.settings.poll_s, report_batch=self.settings.report_batch,
+                    report_interval_s=self.settings.report_interval_s,
+                    backoff_cap_s=self.settings.backoff_cap_s)
+        idle_since = time.monotonic()
+        # This thread and those it starts (feed, heartbeat) stay off the timing core.
+        layout = self.measurer.layout
+        cores = layout.building(1) if self.measurer.overlap else layout.all()
+        with pinned(cores), Heartbeat(self.client, self.worker_id, self.held,
+                                      self.heartbeat_s), feed:
+            while not self.stop.is_set() and feed.error is None:
+                if not feed.wait_for_work(self.settings.poll_s):
+                    if (feed.answered_empty and not len(self.spool)
+                            and self._idle_too_long(idle_since)):
+                        break
+                    continue
+                for measured in self.measurer.measure_stream(feed.next_task, self.stop.is_set):
+                    self._spool_measured(measured, feed.claim_of(measured.task.measure_id))
+                    feed.result_added()
+                idle_since = time.monotonic()
+            unstarted = feed.unstarted()
+        if unstarted:
+            self._release(unstarted)
+        if feed.error is not None:
+            raise feed.error
+
+    def _idle_too_long(self, idle_since: float) -> bool:
+        if (self.settings.max_idle_s is not None
+                and time.monotonic() - idle_since >= self.settings.max_idle_s):
+            logger.info("no work for %.0f s; exiting", self.settings.max_idle_s)
+            return True
+        return False
+
+    def _measure_peaks(self) -> None:
+        if self.peaks is not None:
+            for threads in range(1, self._max_threads() + 1):
+                self.peaks.peak(threads)
 
     # -- server calls with retries ---------------------------------------------------------------
 
@@ -104,7 +163,8 @@ class Agent:
             "hardware": hardware,
             "software": {**software_versions(), "backend": self.settings.backend},
         }
-        answer = self._retry("register", lambda: self.client.register(body))
+        with self._register_lock:  # the feed thread registers again after a 404 too
+            answer = self._retry("register", lambda: self.client.register(body))
         if answer is None:
             return False
         self.worker_id = str(answer["worker_id"])
@@ -129,6 +189,22 @@ class Agent:
             self._register()
             return []
 
+    def _claim_tasks(self, wait_s: float, max_items: int) -> list[MeasureTask]:
+        """One claim for the feed thread: parsed tasks, held and heartbeated from now on."""
+        try:
+            items = self.client.claim(self.worker_id, self.settings.max_items or max_items,
+                                      wait_s)
+        except ServerRejected as e:
+            if e.status != 404:
+                raise
+            logger.warning("the server forgot this worker; registering again")
+            self._register()
+            return []
+        tasks = self._parse_items(items)
+        self._threads.update({t.measure_id: t.threads for t in tasks})
+        self.held.add(t.measure_id for t in tasks)
+        return tasks
+
     def _retry(self, what: str, call: Callable[[], T]) -> T | None:
         """``call()`` until it succeeds, backing off while the server is unavailable; None
         when the worker is asked to stop first."""
@@ -146,20 +222,23 @@ class Agent:
 
     # -- one batch ---------------------------------------------------------------------------
 
-    def _process(self, items: list[dict[str, Any]]) -> None:
+    def _process(self, items: list[dict[str, Any]], claim_started: float) -> None:
+        claimed_at = time.monotonic()
         tasks = self._parse_items(items)
         self._threads = {t.measure_id: t.threads for t in tasks}
         if self.peaks is not None:  # measured now, while no kernel is being timed
             for threads in sorted({t.threads for t in tasks}):
                 self.peaks.peak(threads)
         self.held.add(t.measure_id for t in tasks)
+        pending = deque(tasks)
         finished: set[MeasureId] = set()
         reachable = True
         with Heartbeat(self.client, self.worker_id, self.held, self.heartbeat_s):
-            for task, result in self.measurer.measure_many(tasks, self.stop.is_set):
-                self._spool_result(task.measure_id, result)
-                finished.add(task.measure_id)
-                self.measured += 1
+            for measured in self.measurer.measure_stream(
+                    lambda: pending.popleft() if pending else None, self.stop.is_set):
+                self._spool_measured(measured, Claimed(measured.task, claimed_at,
+                                                       claimed_at - claim_started))
+                finished.add(measured.task.measure_id)
                 # Once a report fails, the rest of the batch waits in the spool: a server that
                 # hangs would otherwise cost a request timeout per candidate.
                 reachable = reachable and self._report_once()
@@ -180,11 +259,24 @@ class Agent:
                         ErrorKind.INSTANTIATION, str(e)))
         return tasks
 
-    def _spool_result(self, measure_id: MeasureId, result: MeasureResult) -> None:
-        threads = self._threads.get(measure_id)
+    def _spool_measured(self, measured: Measured, claimed: Claimed | None) -> None:
+        times = measured.times
+        if claimed is not None:
+            queued = max(0.0, measured.dispatched - claimed.claimed_at)
+            times = dataclasses.replace(times, claim_s=claimed.claim_s,
+                                        wait_s=times.wait_s + queued)
+        self._spool_result(measured.task.measure_id, measured.result, times)
+        self.measured += 1
+
+    def _spool_result(self, measure_id: MeasureId, result: MeasureResult,
+                      times: StageTimes | None = None) -> None:
+        threads = self._threads.pop(measure_id, None)
         peak = self.peaks.peak(threads) if self.peaks is not None and threads else None
-        self.spool.add({"measure_id": measure_id, **result.to_json(), "peak_gflops": peak,
-                        "device_class": self.device_class or None, "threads": threads})
+        entry = {"measure_id": measure_id, **result.to_json(), "peak_gflops": peak,
+                 "device_class": self.device_class or None, "threads": threads}
+        if times is not None:  # ``finished_at`` becomes ``timings.report_s`` when it is sent
+            entry |= {"timings": times.to_json(), "finished_at": time.time()}
+        self.spool.add(entry)
 
     def _peak_facts(self) -> dict[str, Any]:
         if self.peaks is None:
@@ -233,7 +325,8 @@ class Agent:
 
     def _report_chunk(self, chunk: list[dict[str, Any]]) -> None:
         try:
-            self._acknowledge(chunk, self.client.report(self.worker_id, chunk))
+            answer = self.client.report(self.worker_id, [_outgoing(r) for r in chunk])
+            self._acknowledge(chunk, answer)
         except ServerRejected as e:
             if e.status in (401, 403, 404):
                 raise
@@ -280,6 +373,16 @@ class Agent:
             time.sleep(backoff.next_delay())
 
 
+def _outgoing(result: dict[str, Any]) -> dict[str, Any]:
+    """A spooled result as sent: ``timings.report_s`` is how long it waited to be sent."""
+    out = dict(result)
+    finished = out.pop("finished_at", None)
+    timings = out.get("timings")
+    if isinstance(timings, dict) and isinstance(finished, int | float):
+        out["timings"] = {**timings, "report_s": round(max(0.0, time.time() - finished), 6)}
+    return out
+
+
 def run_worker(settings: WorkerSettings) -> int:
     """Run a worker until it is stopped; returns the process exit status."""
     stop = threading.Event()
@@ -290,8 +393,11 @@ def run_worker(settings: WorkerSettings) -> int:
             spool = stack.enter_context(Spool.acquire(settings.spool_dir))
             client = stack.enter_context(ServerClient(settings.server, settings.token,
                                                       settings.request_timeout_s))
+            cache = CompileCache(settings.compile_cache_entries,
+                                 int(settings.compile_cache_mb * 1024 * 1024))
             measurer = stack.enter_context(IsolatedMeasurer(
-                spec, settings.parallel_build, settings.max_tasks_per_child))
+                spec, settings.parallel_build, settings.max_tasks_per_child,
+                overlap=settings.overlap_builds, cache=cache))
             stack.enter_context(_stop_on_signals(stop))
             peaks = PeakGauge(spec)
             stack.callback(peaks.close)

@@ -36,6 +36,17 @@ class WorkerSettings:
     #: items per claim (0: one per build slot)
     max_items: int = 0
     max_tasks_per_child: int = 200
+    #: build candidates on the cores a timed kernel leaves free (one more measuring process)
+    overlap_builds: bool = True
+    #: tasks claimed ahead of the measurer (0: two per measuring process); once mode claims
+    #: one batch and measures it, without a feed thread
+    prefetch: int = 0
+    #: results per report, and the longest a finished result waits for one
+    report_batch: int = 32
+    report_interval_s: float = 1.0
+    #: compiled candidates kept across claims (``workers.compile_cache``)
+    compile_cache_entries: int = 2048
+    compile_cache_mb: float = 64.0
     request_timeout_s: float = 30.0
     backoff_cap_s: float = 30.0
     #: how long a stopping worker keeps trying to hand in spooled results
@@ -47,6 +58,10 @@ class WorkerSettings:
                 raise ValueError(f"worker setting {name!r} must not be empty")
         if self.parallel_build < 1 or self.threads < 0 or self.max_items < 0:
             raise ValueError("parallel_build must be >= 1; threads and max_items >= 0")
+        if self.prefetch < 0 or self.report_batch < 1 or self.report_interval_s < 0:
+            raise ValueError("prefetch must be >= 0, report_batch >= 1, report_interval_s >= 0")
+        if self.compile_cache_entries < 0 or self.compile_cache_mb < 0:
+            raise ValueError("the compile cache bounds must be >= 0")
 
     @property
     def claim_size(self) -> int:

@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ class Spool:
             self._lock.close()
             raise SpoolLocked(f"another worker is using the spool in {self.directory}") from e
         self._entries: dict[MeasureId, dict[str, Any]] = self._load()
+        #: the measuring loop adds while the feed thread reports (``workers.feed``)
+        self._mutex = threading.RLock()
 
     @classmethod
     def acquire(cls, directory: Path) -> Spool:
@@ -70,25 +73,28 @@ class Spool:
         self.close()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._mutex:
+            return len(self._entries)
 
     def add(self, result: dict[str, Any]) -> None:
         """Keep one result (a protocol ``result`` object with its ``measure_id``) durably."""
         line = json.dumps(result, separators=(",", ":")) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        with self._mutex, open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
-        self._entries[result["measure_id"]] = result
+            self._entries[result["measure_id"]] = result
 
     def pending(self) -> list[dict[str, Any]]:
-        return list(self._entries.values())
+        with self._mutex:
+            return list(self._entries.values())
 
     def remove(self, measure_ids: Iterable[MeasureId]) -> None:
         """Forget acknowledged results."""
-        removed = [i for i in measure_ids if self._entries.pop(i, None) is not None]
-        if removed:
-            self._rewrite()
+        with self._mutex:
+            removed = [i for i in measure_ids if self._entries.pop(i, None) is not None]
+            if removed:
+                self._rewrite()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

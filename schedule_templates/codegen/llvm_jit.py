@@ -96,12 +96,36 @@ class CompiledKernel:
         self._module = optimize(str(module), tm)
         self._engine = llvm.create_mcjit_compiler(self._module, tm)
         self._engine.finalize_object()
+        self._bind(name, nargs)
+        self.compile_time_s = time.perf_counter() - start
+
+    @classmethod
+    def from_object(cls, code: bytes, name: str, nargs: int) -> CompiledKernel:
+        """Load object code from ``jit_object`` (a compile cache hit: no optimisation and no
+        code generation, only relocation; a few milliseconds)."""
+        start = time.perf_counter()
+        kernel = cls.__new__(cls)
+        tm = host_target_machine()
+        kernel._module = llvm.parse_assembly("")
+        kernel._module.triple = tm.triple
+        kernel._engine = llvm.create_mcjit_compiler(kernel._module, tm)
+        try:
+            kernel._engine.add_object_file(llvm.ObjectFileRef.from_data(code))
+            kernel._engine.finalize_object()
+        except RuntimeError as e:
+            kernel.close()
+            raise CodegenError(f"object code for {name} does not load: {e}") from e
+        kernel._bind(name, nargs)
+        kernel.compile_time_s = time.perf_counter() - start
+        return kernel
+
+    def _bind(self, name: str, nargs: int) -> None:
+        assert self._engine is not None
         address = self._engine.get_function_address(name)
         if not address:
             raise CodegenError(f"symbol {name} missing after compilation")
         proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nargs), ctypes.c_int64)
         self.function = proto(address)
-        self.compile_time_s = time.perf_counter() - start
 
     def assembly(self) -> str:
         return str(host_target_machine().emit_assembly(self._module))
@@ -114,6 +138,14 @@ class CompiledKernel:
 
     def __del__(self) -> None:
         self.close()
+
+
+def jit_object(module: ir.Module) -> bytes:
+    """Optimised object code for this host's JIT target machine, for
+    ``CompiledKernel.from_object`` in this or another process on the same CPU (a compile cache
+    keyed by the host's CPU name and features keeps it from crossing machines)."""
+    tm = host_target_machine()
+    return bytes(tm.emit_object(optimize(str(module), tm)))
 
 
 def emit_object(module: ir.Module) -> bytes:

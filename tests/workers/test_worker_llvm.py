@@ -58,8 +58,9 @@ def test_invalid_configs_are_instantiation_errors(extra: dict[str, object], word
 class CorruptingBackend(LlvmBackend):
     """A test-only fault: the kernel's output is damaged after every run."""
 
-    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
-        kernel = super().compile(task, resolved)
+    def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
+                       ) -> tuple[BoundKernel, bytes | None]:
+        kernel, fresh = super().compile_cached(task, resolved, code)
         run = kernel.run
 
         def corrupt() -> None:
@@ -67,7 +68,7 @@ class CorruptingBackend(LlvmBackend):
             kernel.output.flat[0] += 1.0
 
         kernel.run = corrupt  # type: ignore[method-assign]
-        return kernel
+        return kernel, fresh
 
 
 def test_a_wrong_answer_is_caught_before_timing() -> None:

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from schedule_templates.errors import InvalidConfigError
 from schedule_templates.records import MeasureOptions
 from schedule_templates.workloads import Workload, parse_workload
+from workers.compile_cache import CompileKey
 from workers.hardware import llc_bytes
 from workers.task import MeasureTask
 
@@ -69,6 +71,19 @@ class Backend(ABC):
     @abstractmethod
     def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
         """Build the kernel and bind it to fresh inputs (packing constants is untimed)."""
+
+    def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
+                       ) -> tuple[BoundKernel, bytes | None]:
+        """``compile``, loading ``code`` (the worker's cached build of this task) when given;
+        returns the kernel and freshly built code for the cache (None: nothing to keep). By
+        default nothing is cached: ``cache_key`` says None."""
+        return self.compile(task, resolved), None
+
+    @classmethod
+    def cache_key(cls, task: MeasureTask, options: Mapping[str, Any]) -> CompileKey | None:
+        """The key of this task's built code in the worker's compile cache, or None when it is
+        not cached. Called in the worker's main process, without creating the backend."""
+        return None
 
     def run(self, kernel: BoundKernel, options: MeasureOptions) -> tuple[float, ...]:
         """The timed protocol: seconds of one run per sample."""

@@ -42,7 +42,9 @@ class FakeBackend(Backend):
     """Options: ``rates`` (mode -> probability), ``faults`` (config index -> mode, wins over
     rates), ``validate`` (check configs against the real templates), ``peak_gflops``,
     ``noise`` (relative spread of samples), ``compile_s`` / ``run_s`` (simulated durations),
-    ``device_class`` (the class id a worker with this backend reports: simulated hardware)."""
+    ``device_class`` (the class id a worker with this backend reports: simulated hardware),
+    ``trace`` (a file that gets one JSON line per 10 ms of simulated building and per timed
+    run, with the process, the time and the cores it may use: the pipeline's tests read it)."""
 
     name = "fake"
     probes_quiet = False  # its costs are drawn, not timed
@@ -50,7 +52,8 @@ class FakeBackend(Backend):
     def __init__(self, seed: int = 0, rates: Mapping[str, float] | None = None,
                  faults: Mapping[int | str, str] | None = None, validate: bool = True,
                  peak_gflops: float = 100.0, noise: float = 0.01, compile_s: float = 0.0,
-                 run_s: float = 0.0, device_class: str | None = None) -> None:
+                 run_s: float = 0.0, device_class: str | None = None,
+                 trace: str | None = None) -> None:
         self.seed = seed
         self.device_class = device_class
         self.rates = dict(rates or {})
@@ -65,6 +68,7 @@ class FakeBackend(Backend):
         self.noise = noise
         self.compile_s = compile_s
         self.run_s = run_s
+        self.trace = trace
         self._poisoned = False
 
     @classmethod
@@ -89,7 +93,7 @@ class FakeBackend(Backend):
             time.sleep(HANG_S)
         if mode == "compile_error":
             raise CodegenError(f"fake: config {config_index(task, resolved)} does not compile")
-        time.sleep(self.compile_s)
+        self._sleep_building(self.compile_s)
         self._poisoned = self._poisoned or mode == "poison"
         workload = parse_workload(task.workload)
         rng = self._rng(task, resolved)
@@ -99,8 +103,26 @@ class FakeBackend(Backend):
     def run(self, kernel: BoundKernel, options: MeasureOptions) -> tuple[float, ...]:
         assert isinstance(kernel, FakeKernel)
         kernel.run()  # the warm-up: a crashing mode crashes here even without a check
+        start = time.monotonic()
         time.sleep(self.run_s)
+        self._record({"phase": "time", "start": start, "end": time.monotonic()})
         return kernel.samples(max(1, options.repeat), self.noise)
+
+    def _sleep_building(self, seconds: float) -> None:
+        if self.trace is None:
+            time.sleep(seconds)
+            return
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self._record({"phase": "build", "at": time.monotonic()})
+            time.sleep(min(0.01, left))
+
+    def _record(self, event: dict[str, Any]) -> None:
+        if self.trace is None:
+            return
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        with open(self.trace, "a", encoding="utf-8") as f:
+            f.write(json.dumps({**event, "pid": os.getpid(), "cpus": cpus}) + "\n")
 
     def measure_peak(self, threads: int) -> float | None:
         return self.peak_gflops * threads

@@ -2,18 +2,27 @@
 
 Inputs and the numpy reference depend only on the workload, so they are kept for the last few
 workloads: a claimed batch is usually many configs of one task.
+
+In a worker, candidates are built to object code (``compile_cached``): the worker's main
+process keeps it in its compile cache, and a config measured again is only loaded (MCJIT
+relocates the object; no optimisation, no code generation). Object code is what llvmlite lets
+us move between processes safely; a JIT'd engine cannot leave the process that made it.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from schedule_templates.errors import InvalidConfigError
 from schedule_templates.workloads import Workload
 from workers.backends.base import Backend, BoundKernel, Resolved, reduction_length, resolve
+from workers.compile_cache import CompileKey
 from workers.errors import BackendError
 from workers.task import MeasureTask
 
@@ -77,13 +86,49 @@ class LlvmBackend(Backend):
             resolved = resolve(task)
         artifact = build(resolved.workload, resolved.template, resolved.config,
                          target=task.target, threads=task.threads)
+        return self._bind(artifact, resolved.workload)
+
+    def _bind(self, artifact: Any, workload: Workload) -> _LlvmKernel:
         try:
-            operands = self._operands_for(resolved.workload)
+            operands = self._operands_for(workload)
             prepared = artifact.prepare(operands.inputs)
         except BaseException:
             artifact.close()
             raise
         return _LlvmKernel(artifact, prepared, operands)
+
+    def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
+                       ) -> tuple[BoundKernel, bytes | None]:
+        try:
+            from schedule_templates.codegen.llvm_ir import generate_llvm_ir
+            from schedule_templates.codegen.llvm_jit import CompiledKernel, jit_object
+            from schedule_templates.runtime import Artifact, lower
+        except ImportError as e:
+            raise BackendError(f"the llvm backend needs llvmlite and the runtime: {e}") from e
+        if resolved is None:
+            resolved = resolve(task)
+        workload, template, config = resolved.workload, resolved.template, resolved.config
+        kernel = lower(workload, template, config)  # cheap; the object code names no buffers
+        fresh = None
+        if code is None:
+            code = fresh = jit_object(generate_llvm_ir(kernel))
+        compiled = CompiledKernel.from_object(code, kernel.name,
+                                              len(kernel.params) + len(kernel.workspace))
+        artifact = Artifact(workload, template, config, kernel, compiled, max(1, task.threads))
+        return self._bind(artifact, workload), fresh
+
+    @classmethod
+    def cache_key(cls, task: MeasureTask, options: Mapping[str, Any]) -> CompileKey | None:
+        from schedule_templates.templates.base import template_by_name
+
+        try:
+            template = template_by_name(task.template)
+        except InvalidConfigError:
+            return None  # the measuring child reports it
+        if task.template_version not in (None, template.version):
+            return None
+        return CompileKey(template.name, template.version, task.workload,
+                          CompileKey.canonical_config(task.config), task.target, host_cpu_id())
 
     def measure_peak(self, threads: int) -> float | None:
         from schedule_templates.peak import measure_peak_gflops
@@ -97,3 +142,14 @@ class LlvmBackend(Backend):
         while len(self._operands) > self._cached_workloads:
             self._operands.popitem(last=False)
         return found
+
+
+@functools.cache
+def host_cpu_id() -> str:
+    """The host CPU's name and code-generation features: object code built for one CPU is only
+    reused on the same one (part of every compile cache key)."""
+    import llvmlite.binding as llvm
+
+    from schedule_templates.codegen.llvm_jit import host_features
+
+    return f"{llvm.get_host_cpu_name()}:{host_features()}"

@@ -1,8 +1,10 @@
 """The body of a measuring child process.
 
-Messages to the parent: ``("phase", name)`` before each phase, ``("done", result_json)`` at the
-end. Before timing, the child says ``("phase", "time")`` and waits for the parent's ``"go"``:
-the parent grants it only when nothing else compiles or runs (see ``pool``).
+The parent sends ``(task, code)``: ``code`` is the task's object code from the worker's compile
+cache, or None. Messages to the parent: ``("phase", name)`` before each phase, ``("code",
+bytes)`` after building something the cache may keep, ``("done", (result_json, stages_json))``
+at the end. Before timing, the child says ``("phase", "time")`` and waits for the parent's
+``"go"``: the parent grants it only when nothing else runs on the timing cores (see ``pool``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import signal
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -19,6 +22,7 @@ from workers.backends import Backend, BackendSpec, create_backend
 from workers.measure.hygiene import QuietGauge
 from workers.measure.runner import Phase, measure_task
 from workers.task import MeasureTask
+from workers.timings import StageTimes
 
 logger = logging.getLogger(__name__)
 
@@ -43,23 +47,33 @@ def child_main(conn: Connection, spec: BackendSpec) -> None:
                 return
             if message is STOP:
                 return
-            result = _measure(backend, message, conn, gauge)
+            task, code = message
+            marks: dict[str, float] = {}
+            result = _measure(backend, task, code, conn, gauge, marks)
+            marks["end"] = time.perf_counter()
             if not backend.healthy():  # say so first: the parent replaces this child
                 conn.send((RETIRE, None))
-            conn.send(("done", result.to_json()))
+            stages = StageTimes.from_marks(marks).to_json() if "compile" in marks else {}
+            conn.send(("done", (result.to_json(), stages)))
     finally:
         backend.close()
 
 
-def _measure(backend: Backend, task: MeasureTask, conn: Connection,
-             gauge: QuietGauge | None) -> MeasureResult:
+def _measure(backend: Backend, task: MeasureTask, code: bytes | None, conn: Connection,
+             gauge: QuietGauge | None, marks: dict[str, float]) -> MeasureResult:
     def on_phase(phase: Phase) -> None:
+        marks[phase.value] = time.perf_counter()
         conn.send(("phase", phase.value))
-        if phase is Phase.TIME and conn.recv() != GO:
-            raise RuntimeError("the parent did not grant the timing phase")
+        if phase is Phase.TIME:
+            if conn.recv() != GO:
+                raise RuntimeError("the parent did not grant the timing phase")
+            marks["go"] = time.perf_counter()
+
+    def on_code(fresh: bytes) -> None:
+        conn.send(("code", fresh))
 
     try:
-        return measure_task(backend, task, on_phase, gauge)
+        return measure_task(backend, task, on_phase, gauge, code, on_code)
     except Exception:
         # A bug in the runner itself, not in the candidate: report it and keep the child.
         text = traceback.format_exc()

@@ -3,8 +3,9 @@
 Two probes around every timed protocol:
 
 * **load of other processes**: CPU time spent on the measurement cores (the process's affinity
-  set) during the timed run, minus this process's own CPU time, per second of wall time, from
-  /proc/stat and /proc/self/stat. A busy loop elsewhere reads about 1.0 (one core);
+  set when the probe is taken) during the timed run, minus this process's own CPU time, per
+  second of wall time, from /proc/stat and /proc/self/stat. A busy loop elsewhere reads
+  about 1.0 (one core);
 * **frequency drift**: a short fixed reference loop before and after the run; the quicker of
   the two is compared with the median of the last ``REFERENCE_HISTORY`` probes. A core that
   clocked down, or that is shared, runs both slower. Against the fastest loop ever seen, or
@@ -78,8 +79,8 @@ class QuietGauge:
                  cpus: set[int] | None = None) -> None:
         self.retries = max(0, retries)
         self._proc = proc
-        if cpus is None:
-            cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        #: None: the cores this process may use at each probe (the pool pins a timed child to
+        #: the timing cores, and builds run on the others: their load is not this run's)
         self._cpus = cpus
         self._references: collections.deque[float] = collections.deque(maxlen=REFERENCE_HISTORY)
         self._last_quiet = True
@@ -138,7 +139,10 @@ class QuietGauge:
             own = (self._proc / "self" / "stat").read_text()
         except OSError:
             return None
-        return parse_snapshot(stat, own, self._cpus)
+        cpus = self._cpus
+        if cpus is None:
+            cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        return parse_snapshot(stat, own, cpus)
 
 
 def parse_snapshot(stat: str, self_stat: str, cpus: set[int]) -> _Snapshot | None:

@@ -59,19 +59,23 @@ def measure_candidate(workload_key: str, template_name: str, config_json: dict[s
 
 
 def measure_task(backend: Backend, task: MeasureTask, on_phase: PhaseHook | None = None,
-                 gauge: QuietGauge | None = None) -> MeasureResult:
+                 gauge: QuietGauge | None = None, code: bytes | None = None,
+                 on_code: Callable[[bytes], None] | None = None) -> MeasureResult:
     """Check, compile, verify and time one task; ``on_phase`` is told before each phase (its
     own duration is excluded from the wall time: the pool blocks in it to serialize timing).
-    With a ``gauge``, a run on a machine that is not quiet is measured again or flagged."""
+    With a ``gauge``, a run on a machine that is not quiet is measured again or flagged.
+    ``code`` is the task's cached build; freshly built code goes to ``on_code``."""
     hook = on_phase or _ignore_phase
     start = time.perf_counter()
     hook(Phase.COMPILE)
     try:
         resolved = backend.check(task)
-        kernel = backend.compile(task, resolved)
+        kernel, fresh = backend.compile_cached(task, resolved, code)
     except Exception as e:
         return _failure(_compile_error_kind(e), e, wall_time_s=time.perf_counter() - start)
     compile_time_s = time.perf_counter() - start
+    if fresh is not None and on_code is not None:
+        on_code(fresh)
     try:
         return _verify_and_time(backend, kernel, task.options, hook, start, compile_time_s,
                                 gauge)

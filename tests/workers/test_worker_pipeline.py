@@ -1,0 +1,168 @@
+"""The worker pipeline: builds beside timed runs (never on the timing cores), the compile cache
+across candidates, the feed thread (prefetched claims, batched reports) and results' timings."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import StubServer, make_item
+
+from schedule_templates.records import MeasureOptions
+from workers.agent import run_worker
+from workers.backends import BackendSpec
+from workers.errors import ServerRejected
+from workers.feed import Feed
+from workers.measure.cores import CoreLayout
+from workers.measure.pool import IsolatedMeasurer
+from workers.settings import WorkerSettings
+from workers.task import MeasureTask
+from workers.timings import STAGES
+
+pytestmark = pytest.mark.timeout(180)
+
+OPTIONS = MeasureOptions(repeat=1, min_repeat_ms=0.0, check_correctness=False,
+                         build_timeout_s=20.0, run_timeout_s=20.0)
+needs_two_cores = pytest.mark.skipif(not CoreLayout.of_this_process().overlaps(1),
+                                     reason="builds beside a timed run need two usable cores")
+
+
+def task(index: int, options: MeasureOptions = OPTIONS, **extra: Any) -> MeasureTask:
+    return MeasureTask(measure_id=index, template="dense.x86", workload="dense:M=64,N=64,K=64",
+                       target="llvm", config={"index": index}, options=options, **extra)
+
+
+@needs_two_cores
+def test_builds_overlap_timed_runs_but_never_on_the_timing_core(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    spec = BackendSpec("fake", {"validate": False, "compile_s": 0.25, "run_s": 0.25,
+                                "trace": str(trace)})
+    with IsolatedMeasurer(spec, parallel_build=1, overlap=True) as m:
+        assert m.overlap and m.processes == 2
+        results = list(m.measure_many(task(i) for i in range(6)))
+    assert len(results) == 6 and all(r.ok for _t, r in results)
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    timed = [e for e in events if e["phase"] == "time"]
+    builds = [e for e in events if e["phase"] == "build"]
+    assert len(timed) == 6
+    overlapping = 0
+    for run in timed:
+        assert len(run["cpus"]) == 1  # a one-thread kernel is timed on one core
+        beside = [b for b in builds if b["pid"] != run["pid"]
+                  and run["start"] <= b["at"] <= run["end"]]
+        overlapping += len(beside)
+        assert all(set(b["cpus"]).isdisjoint(run["cpus"]) for b in beside), (run, beside)
+    assert overlapping > 0  # something was built while a kernel was timed
+
+
+@needs_two_cores
+def test_a_kernel_on_every_core_is_timed_with_nothing_building(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    cores = len(CoreLayout.of_this_process().cores)
+    spec = BackendSpec("fake", {"validate": False, "compile_s": 0.2, "run_s": 0.2,
+                                "trace": str(trace)})
+    with IsolatedMeasurer(spec, parallel_build=1, overlap=True) as m:
+        results = list(m.measure_many(task(i, threads=cores) for i in range(4)))
+    assert all(r.ok for _t, r in results)
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    for run in (e for e in events if e["phase"] == "time"):
+        assert not [b for b in events if b["phase"] == "build"
+                    and run["start"] <= b["at"] <= run["end"]]
+
+
+def test_a_config_measured_again_is_loaded_from_the_compile_cache() -> None:
+    pytest.importorskip("llvmlite")
+    from schedule_templates.templates.base import template_by_name
+    from schedule_templates.workloads import parse_workload
+
+    workload = "dense:M=64,N=64,K=64"
+    index = template_by_name("dense.x86").default_config(parse_workload(workload)).index
+    options = MeasureOptions(repeat=2, min_repeat_ms=0.0)
+    tasks = [task(index, options), MeasureTask(**{**task(index, options).__dict__,
+                                                 "measure_id": 2})]
+    with IsolatedMeasurer(BackendSpec("llvm"), parallel_build=1) as m:
+        measured = list(m.measure_stream(lambda: tasks.pop(0) if tasks else None))
+        assert (m.cache.hits, m.cache.misses, len(m.cache)) == (1, 1, 1)
+    first, again = (x.result for x in measured)
+    assert first.ok and again.ok, (first, again)
+    assert measured[1].times.build_s < measured[0].times.build_s
+
+
+class _Calls:
+    """A claim and a report for the feed, counting what they were asked."""
+
+    def __init__(self, items: int) -> None:
+        self.left = items
+        self.claims: list[int] = []
+        self.reports = 0
+        self.spooled = 0
+        self.refuse = False
+
+    def claim(self, wait_s: float, max_items: int) -> list[MeasureTask]:
+        if self.refuse:
+            raise ServerRejected(401, "bad token")
+        n = min(max_items, self.left)
+        self.claims.append(max_items)
+        self.left -= n
+        return [task(self.left + i) for i in range(n)]
+
+    def report(self) -> bool:
+        self.reports += 1
+        self.spooled = 0
+        return True
+
+
+def test_the_feed_keeps_its_depth_and_reports_in_batches() -> None:
+    calls = _Calls(items=10)
+    feed = Feed(calls.claim, calls.report, lambda: calls.spooled, depth=3, poll_s=0.05,
+                report_batch=4, report_interval_s=60.0)
+    with feed:
+        assert feed.wait_for_work(5.0)
+        time.sleep(0.2)
+        assert max(calls.claims) <= 3 and calls.left == 7  # only the depth is claimed
+        taken = [feed.next_task() for _ in range(3)]
+        assert all(t is not None for t in taken)
+        for _ in range(3):
+            calls.spooled += 1
+            feed.result_added()
+        time.sleep(0.2)
+        assert calls.reports == 0  # 3 results < a batch of 4, well within the interval
+        calls.spooled += 1
+        feed.result_added()
+        deadline = time.monotonic() + 5
+        while calls.reports == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls.reports == 1
+        claimed = feed.claim_of(taken[0].measure_id)  # type: ignore[union-attr]
+        assert claimed is not None and claimed.claim_s >= 0
+    assert feed.unstarted() == [] or calls.left < 7
+
+
+def test_a_refused_claim_stops_the_feed_with_its_error() -> None:
+    calls = _Calls(items=0)
+    calls.refuse = True
+    with Feed(calls.claim, calls.report, lambda: 0, depth=2, poll_s=0.05) as feed:
+        assert not feed.wait_for_work(5.0)
+    assert isinstance(feed.error, ServerRejected)
+
+
+def test_results_carry_their_time_split(stub_server: StubServer, tmp_path: Path) -> None:
+    stub_server.queue += [make_item(i) for i in range(8)]
+    options = {"validate": False, "compile_s": 0.05, "run_s": 0.05}
+    settings = WorkerSettings(server=stub_server.url, token="secret", device_key="test-cpu",
+                              backend="fake", backend_options=options,
+                              spool_dir=tmp_path / "spool", max_idle_s=0.5, poll_s=0.1,
+                              report_interval_s=0.2)
+    assert run_worker(settings) == 0
+    assert sorted(stub_server.results) == list(range(8))
+    for result in stub_server.results.values():
+        timings = result["timings"]
+        assert list(timings) == list(STAGES) and all(v >= 0 for v in timings.values())
+        assert timings["build_s"] >= 0.04 and timings["claim_s"] > 0
+        assert "finished_at" not in result
+    assert max(r["timings"]["report_s"] for r in stub_server.results.values()) > 0
+    assert threading.active_count() >= 1
