@@ -1,20 +1,22 @@
 """The output stage of a fused epilogue, shared by the templates that support one.
 
 A template keeps its loop nest and its knobs; only the value it stores changes, from ``acc`` to
-``clip(acc * scale[k] + bias[k] + residual[...], lo, hi)``. The extra inputs become kernel
-arguments named like the workload's inputs, placed after the operator's own inputs.
+``act(acc * scale[k] + bias[k] + residual[...])`` where ``act`` is a clip or a smooth activation
+built from the IR's math calls (which vectorize, so a fused sigmoid costs a few FMAs per
+element rather than a pass over memory). The extra inputs become kernel arguments named like
+the workload's inputs, placed after the operator's own inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from schedule_templates.errors import InvalidConfigError
-from schedule_templates.ir.nodes import Buffer, Expr, ExprLike, fmax, fmin
+from schedule_templates.ir.nodes import Buffer, Expr, ExprLike, call, fmax, fmin
 from schedule_templates.workloads import Workload
 from schedule_templates.workloads.epilogue import EPILOGUE_INPUTS, Epilogue
 
@@ -47,7 +49,25 @@ class EpilogueStage:
                 value = fmax(value, low)
             if high != math.inf:
                 value = fmin(value, high)
+        if self.epilogue.activation is not None:
+            act = self.epilogue.activation
+            value = _ACTIVATION_IR[act.name](value, act.params)
         return value
+
+
+def _unit_clip(x: Expr) -> Expr:
+    return fmin(fmax(x, 0.0), 1.0)
+
+
+#: the IR of each smooth activation (the numpy reference is ``Activation.apply``)
+_ACTIVATION_IR: dict[str, Callable[[Expr, tuple[float, ...]], Expr]] = {
+    "sigmoid": lambda x, _: call("sigmoid", x),
+    "silu": lambda x, _: x * call("sigmoid", x),
+    "hardswish": lambda x, _: x * _unit_clip(x * (1.0 / 6.0) + 0.5),
+    "hardsigmoid": lambda x, p: _unit_clip(x * p[0] + p[1]),
+    "tanh": lambda x, _: call("tanh", x),
+    "gelu": lambda x, _: x * 0.5 * (call("erf", x * math.sqrt(0.5)) + 1.0),
+}
 
 
 def epilogue_stage(workload: Workload) -> EpilogueStage:

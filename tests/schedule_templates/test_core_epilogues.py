@@ -155,7 +155,7 @@ def test_epilogue_text_is_canonical_and_round_trips(text, canonical):
 
 
 @pytest.mark.parametrize("key, message", [
-    ("dense:M=1,N=2,K=3,epilogue=gelu", "unknown part 'gelu'"),
+    ("dense:M=1,N=2,K=3,epilogue=swish", "unknown part 'swish'"),
     ("dense:M=1,N=2,K=3,epilogue=relu+relu6", "more than one activation"),
     ("dense:M=1,N=2,K=3,epilogue=bias+bias", "given twice"),
     ("dense:M=1,N=2,K=3,epilogue=clip(2:1)", "not low <= high"),
