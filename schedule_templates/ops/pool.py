@@ -1,13 +1,13 @@
 """2-D max and average pooling (ONNX MaxPool / AveragePool semantics) over NCHW.
 
-Which taps of a window fall inside the image depends only on the output row (for kernel rows)
-and the output column (for kernel columns), and all shapes are known when lowering. So output
-rows are grouped into segments whose windows see the same kernel rows (the interior, and a few
-border rows), and likewise columns; each (row segment, column segment) pair is a loop nest that
-reads only its valid taps, with no bounds checks and, for averages, a constant divisor. Padding
-therefore never wins a max, and an average divides by the in-bounds count (or the count inside
-the padded frame with ``count_include_pad``). Output columns are walked as SIMD: unit-stride
-loads when the column stride is 1, lane-by-lane gathers otherwise; channels are threaded.
+Most output positions have their whole window inside the image; shapes are known when
+lowering, so the rows and columns where that holds are computed then, and that interior is a
+loop nest with every tap, no bounds checks, a constant divisor and SIMD along output columns
+(unit-stride loads when the column stride is 1, lane-by-lane gathers otherwise). The thin
+border around it is scalar code that checks each tap against the image, so padding never wins
+a max, and counts the taps that make an average's divisor (the in-bounds ones, or with
+``count_include_pad`` those inside the padded frame; a ceil-mode overhang beyond the frame
+never counts). Channels are shared among threads.
 """
 
 from __future__ import annotations
@@ -17,13 +17,27 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from schedule_templates.ir.nodes import Buffer, Const, Expr, Kernel, Stmt, fmax, loop, store
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Buffer,
+    Const,
+    Expr,
+    IfThen,
+    Kernel,
+    Load,
+    Stmt,
+    binop,
+    fmax,
+    loop,
+    store,
+)
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError, Shape, register_op
 from schedule_templates.ops.loops import (
     Axis,
     fconst,
     flat,
     kernel_name,
+    local,
     nest,
     tree,
     vector_split,
@@ -32,36 +46,24 @@ from schedule_templates.ops.loops import (
 
 #: more taps than this are folded row by row into the output instead of one expression
 _MAX_TREE_TAPS = 64
+_LOWEST = -3.4028234663852886e38  # -FLT_MAX: every window has a real tap, so it never wins
 
 
-@dataclasses.dataclass(frozen=True)
-class _Segment:
-    """Consecutive output positions whose windows see the same taps [first, last)."""
-
-    start: int
-    length: int
-    first: int
-    last: int
-    count: int  # taps that count towards an average's divisor
+def _interior(size: int, out: int, k: int, stride: int, pad_head: int,
+              dilation: int) -> tuple[int, int]:
+    """Output positions [lo, hi) whose whole window lies inside the input (may be empty)."""
+    lo = -(-pad_head // stride)
+    hi = (size - 1 + pad_head - (k - 1) * dilation) // stride + 1
+    lo, hi = min(lo, out), max(0, min(hi, out))
+    return (lo, hi) if lo < hi else (0, 0)
 
 
-def _segments(size: int, out: int, k: int, stride: int, pad_head: int, pad_tail: int,
-              dilation: int, include_pad: bool) -> list[_Segment]:
-    segs: list[_Segment] = []
+def _check_windows(size: int, out: int, k: int, stride: int, pad_head: int,
+                   dilation: int) -> None:
     for o in range(out):
-        pos = [o * stride - pad_head + t * dilation for t in range(k)]
-        valid = [t for t, p in enumerate(pos) if 0 <= p < size]
-        if not valid:
+        if not any(0 <= o * stride - pad_head + t * dilation < size for t in range(k)):
             raise GeneratedOpError(f"pool2d: output position {o} has a window entirely in the "
                                    "padding")
-        framed = sum(1 for p in pos if -pad_head <= p < size + pad_tail)
-        key = (valid[0], valid[-1] + 1, framed if include_pad else len(valid))
-        prev = segs[-1] if segs else None
-        if prev is not None and (prev.first, prev.last, prev.count) == key:
-            segs[-1] = dataclasses.replace(prev, length=prev.length + 1)
-        else:
-            segs.append(_Segment(o, 1, *key))
-    return segs
 
 
 def _out_size(size: int, k: int, stride: int, head: int, tail: int, dilation: int,
@@ -109,16 +111,9 @@ class Pool2d(GeneratedOp):
         if oh < 1 or ow < 1:
             raise GeneratedOpError(f"pool2d: a {self.kernel} window does not fit in "
                                    f"{self.shape} with pads {self.pads}")
-        self._rows()
-        self._cols()
-
-    def _rows(self) -> list[_Segment]:
-        return _segments(self.shape[2], self.output_shape()[2], self.kernel[0], self.stride[0],
-                         self.pads[0], self.pads[2], self.dilation[0], self.count_include_pad)
-
-    def _cols(self) -> list[_Segment]:
-        return _segments(self.shape[3], self.output_shape()[3], self.kernel[1], self.stride[1],
-                         self.pads[1], self.pads[3], self.dilation[1], self.count_include_pad)
+        for axis in (0, 1):
+            _check_windows(self.shape[2 + axis], (oh, ow)[axis], self.kernel[axis],
+                           self.stride[axis], self.pads[axis], self.dilation[axis])
 
     def input_shapes(self) -> dict[str, Shape]:
         return {"x": self.shape}
@@ -135,15 +130,21 @@ class Pool2d(GeneratedOp):
         n, c, h, w = self.shape
         oh, ow = self.output_shape()[2:]
         x, out = flat("x", self.shape), flat("out", self.output_shape())
-        rows, cols = self._rows(), self._cols()
+        rows = _interior(h, oh, self.kernel[0], self.stride[0], self.pads[0], self.dilation[0])
+        cols = _interior(w, ow, self.kernel[1], self.stride[1], self.pads[1], self.dilation[1])
 
         def channel(offsets: tuple[Expr, ...]) -> list[Stmt]:
-            stmts: list[Stmt] = []
-            for rs in rows:
-                r, mk_r = loop("oh", rs.length)
-                row = r + rs.start
-                body = [s for cs in cols for s in self._window(x, out, offsets, row, rs, cs)]
-                stmts.append(mk_r(body))
+            xo, oo = offsets
+            # an empty interior is (0, 0): then the bottom border is every row (column)
+            stmts = self._border(x, out, xo, oo, (0, rows[0]), (0, ow))
+            if rows[1] > rows[0]:
+                r, mk_r = loop("oh", rows[1] - rows[0])
+                row = r + rows[0]
+                stmts.append(mk_r(
+                    self._border(x, out, xo, oo, row, (0, cols[0])),
+                    self._interior(x, out, xo, oo, row, cols),
+                    self._border(x, out, xo, oo, row, (cols[1], ow))))
+            stmts += self._border(x, out, xo, oo, (rows[1], oh), (0, ow))
             return stmts
 
         axis = Axis(n * c, (h * w, oh * ow))
@@ -151,44 +152,78 @@ class Pool2d(GeneratedOp):
                     parallel=want_parallel(n * c * oh * ow, n * c), name="nc")
         return Kernel(kernel_name(self.kind, self.key), (x, out), (), tuple(body))
 
-    def _window(self, x: Buffer, out: Buffer, offsets: tuple[Expr, ...], row: Expr,
-                rs: _Segment, cs: _Segment) -> list[Stmt]:
-        """One output row's columns of segment ``cs``: combine the valid taps."""
-        w = self.shape[3]
-        ow = self.output_shape()[3]
-        (sh, sw), (dh, dw), (pt, pl) = self.stride, self.dilation, self.pads[:2]
-        xo, oo = offsets
-        combine: Callable[[Expr, Expr], Expr] = fmax if self.mode == "max" else _add
-        scale = fconst(1.0 / (rs.count * cs.count))
+    def _combine(self) -> Callable[[Expr, Expr], Expr]:
+        return fmax if self.mode == "max" else _add
+
+    def _interior(self, x: Buffer, out: Buffer, xo: Expr, oo: Expr, row: Expr,
+                  cols: tuple[int, int]) -> list[Stmt]:
+        """Columns whose windows are wholly inside: every tap, no checks, SIMD along columns."""
+        if cols[1] <= cols[0]:
+            return []
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
+        w, ow = self.shape[3], self.output_shape()[3]
+        combine = self._combine()
+        scale = fconst(1.0 / (kh * kw))
 
         def tap_row(col: Expr, i: int | Expr) -> list[Expr]:
-            base = xo + (row * sh - pt + i * dh) * w + col * sw - pl
-            return [x[base + j * dw] for j in range(cs.first, cs.last)]
+            base = xo + (row * sh - self.pads[0] + i * dh) * w + col * sw - self.pads[1]
+            return [x[base + j * dw] for j in range(kw)]
 
         def finish(value: Expr) -> Expr:
             return value * scale if self.mode == "avg" else value
 
-        def target(col: Expr) -> Expr:
-            return oo + row * ow + col
+        def target(col: Expr) -> Load:
+            return out[oo + row * ow + col]
 
-        taps = (rs.last - rs.first) * (cs.last - cs.first)
-        if taps <= _MAX_TREE_TAPS:
-            def whole(col: Expr, _: Expr) -> list[Stmt]:
-                loads = [ld for i in range(rs.first, rs.last) for ld in tap_row(col, i)]
-                return [store(out[target(col)], finish(tree(loads, combine)))]
-
-            return vector_split(cs.length, cs.start, whole)
+        start, length = cols[0], cols[1] - cols[0]
+        if kh * kw <= _MAX_TREE_TAPS:
+            return vector_split(length, start, lambda col, _: [store(target(col), finish(
+                tree([ld for i in range(kh) for ld in tap_row(col, i)], combine)))])
         # a big window: fold it into the output one kernel row at a time
-        stmts = vector_split(cs.length, cs.start, lambda col, _: [
-            store(out[target(col)], tree(tap_row(col, rs.first), combine))])
-        i, mk_i = loop("kh", rs.last - rs.first - 1)
-        stmts.append(mk_i(vector_split(cs.length, cs.start, lambda col, _: [
-            store(out[target(col)],
-                  combine(out[target(col)], tree(tap_row(col, i + rs.first + 1), combine)))])))
+        stmts = vector_split(length, start, lambda col, _: [
+            store(target(col), tree(tap_row(col, 0), combine))])
+        i, mk_i = loop("kh", kh - 1)
+        stmts.append(mk_i(vector_split(length, start, lambda col, _: [
+            store(target(col), combine(target(col), tree(tap_row(col, i + 1), combine)))])))
         if self.mode == "avg":
-            stmts += vector_split(cs.length, cs.start, lambda col, _: [
-                store(out[target(col)], out[target(col)] * scale)])
+            stmts += vector_split(length, start, lambda col, _: [
+                store(target(col), target(col) * scale)])
         return stmts
+
+    def _border(self, x: Buffer, out: Buffer, xo: Expr, oo: Expr,
+                rows: tuple[int, int] | Expr, cols: tuple[int, int]) -> list[Stmt]:
+        """Output positions near the edges (``rows``: a range, or one row's index), one at a
+        time, each tap checked against the image (and, for count_include_pad, the padded
+        frame, for the divisor)."""
+        if cols[1] <= cols[0] or (isinstance(rows, tuple) and rows[1] <= rows[0]):
+            return []
+        h, w = self.shape[2:]
+        ow = self.output_shape()[3]
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
+        pt, pl, pb, pr = self.pads
+        acc, count = local("acc", 1), local("count", 1)
+        if isinstance(rows, tuple):
+            r, mk_r = loop("bh", rows[1] - rows[0])
+            row = r + rows[0]
+        else:
+            row, mk_r = rows, None
+        col_var, mk_c = loop("bw", cols[1] - cols[0])
+        col = col_var + cols[0]
+        i, mk_i = loop("ki", kh)
+        j, mk_j = loop("kj", kw)
+        ih, iw = row * sh - pt + i * dh, col * sw - pl + j * dw
+        inside = _all(ih >= 0, ih < h, iw >= 0, iw < w)
+        framed = _all(ih >= -pt, ih < h + pb, iw >= -pl, iw < w + pr)
+        taps = [IfThen(inside, (store(acc[0], self._combine()(acc[0], x[xo + ih * w + iw])),))]
+        if self.mode == "avg":
+            counted = framed if self.count_include_pad else inside
+            taps.append(IfThen(counted, (store(count[0], count[0] + fconst(1.0)),)))
+        result = acc[0] / count[0] if self.mode == "avg" else acc[0]
+        window = [store(acc[0], fconst(_LOWEST if self.mode == "max" else 0.0)),
+                  store(count[0], fconst(0.0)), mk_i(mk_j(taps)),
+                  store(out[oo + row * ow + col], result)]
+        nest_: Stmt = mk_c(Allocate(acc, (Allocate(count, tuple(window)),)))
+        return [mk_r(nest_) if mk_r is not None else nest_]
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         x = np.asarray(inputs["x"], np.float64).reshape(self.shape)
@@ -220,3 +255,10 @@ class Pool2d(GeneratedOp):
 
 def _add(a: Expr, b: Expr) -> Expr:
     return a + b
+
+
+def _all(*conditions: Expr) -> Expr:
+    out = conditions[0]
+    for cond in conditions[1:]:
+        out = binop("and", out, cond)
+    return out

@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "configs were tuned at, else 1)")
     build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
     add_input_shape_flag(build)
+    build.add_argument("--standalone", action="store_true",
+                       help="also write OUT/model.program and OUT/model.weights, so that C code "
+                       "runs the model through the library alone (docs/native.md)")
     build.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     build.set_defaults(func=run_build)
 
@@ -103,19 +106,33 @@ def run_build(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         manifest = build_library(data, book, args.output, args.target, args.threads,
                                  input_shapes(args))
+        standalone = _standalone(data, args) if args.standalone else None
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     summary = build_summary(manifest, args.output)
+    if standalone is not None:
+        summary["standalone"] = standalone
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         tuned_at = summary["tuned_threads"]
         print(f"built {summary['library']}: {summary['layers']} layers, {summary['kernels']} "
               f"kernels ({summary['tuned']} tuned, {summary['default']} default configs), "
-              f"{summary['threads']} thread(s) by default"
+              f"{summary['generated_layers']} generated layers ({summary['generated_kernels']} "
+              f"kernels), {summary['threads']} thread(s) by default"
               + (f" (configs tuned at {tuned_at})" if tuned_at else ""))
+        if standalone is not None:
+            print(f"standalone program: {standalone['program']} ({standalone['records']} "
+                  f"records), weights {standalone['weights']}, activation arena "
+                  f"{standalone['memory']['arena_bytes']} bytes")
     return 0
+
+
+def _standalone(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
+    from tuner_service.deploy.native_export import export_model
+
+    return export_model(data, args.output, args.threads, input_shapes(args))
 
 
 def _config_book(args: argparse.Namespace) -> Any:
@@ -153,6 +170,8 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "kernels": len(kernels),
         "tuned": sum(k["config_source"] == "tuned" for k in kernels),
         "default": sum(k["config_source"] == "default" for k in kernels),
+        "generated_layers": len(manifest.get("generated_layers", [])),
+        "generated_kernels": len(manifest.get("generated", [])),
         "threads": manifest["threads"],
         "tuned_threads": manifest.get("tuned_threads"),
     }
@@ -210,6 +229,9 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
         "latency_ms": {k[:-2]: v * 1e3 for k, v in stats.items() if k.endswith("_s")},
         "kernel_layers": len(runner.kernel_steps),
         "numpy_steps": len(runner.steps) - len(runner.kernel_steps),
+        "native_calls": (sum(s.native for s in runner.plan.segments)
+                         if runner.native is not None else None),
+        "activation_memory": runner.plan.memory.summary(),
         "reference_evaluator": runner.fallback_report(),
         "outputs": {name: list(value.shape) for name, value in outputs.items()},
     }

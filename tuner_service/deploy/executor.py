@@ -3,10 +3,11 @@
 Loading does all the work that does not depend on the input: it re-plans the model and checks
 the plan against the library's manifest, folds constant subgraphs (shapes included), packs
 every constant weight once with its template's ``pack``, and allocates each kernel's output and
-scratch buffers. A run then walks the graph in order; kernel outputs land in those fixed
-buffers, so a kernel that feeds another passes a pointer and nothing is copied. An operator
-without a numpy implementation here (or with an attribute ours refuses) runs in onnx's reference
-evaluator (``fallback``), named in a warning, instead of refusing the model.
+scratch buffers. Kernel outputs land in fixed buffers planned in one arena (``native``), so a
+kernel that feeds another passes a pointer and nothing is copied, and a run of kernels is one
+call into the library's C runtime (``run(feeds, native=False)`` walks the steps one by one).
+An operator without a numpy implementation here (or with an attribute ours refuses) runs in
+onnx's reference evaluator (``fallback``), named in a warning, instead of refusing the model.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tuner_service.deploy.feeds import InputSpec, check_feeds, input_specs, rand
 from tuner_service.deploy.kernel_step import KernelStep, Scratch, bind_kernel, workspace_elements
 from tuner_service.deploy.library import layer_json
 from tuner_service.deploy.loader import KernelLibrary
+from tuner_service.deploy.native import ModelPlan, NativeError, NativeProgram
 from tuner_service.deploy.node import NodeInfo, OpFn
 from tuner_service.deploy.ops_image import IMAGE_OPS
 from tuner_service.deploy.ops_misc import MISC_OPS
@@ -80,7 +82,8 @@ class ModelRunner:
     """``run(feeds) -> outputs`` for one model bound to one kernel library."""
 
     def __init__(self, model: ModelInput, library: KernelLibrary,
-                 threads: int | None = None, input_shapes: InputShapes | None = None) -> None:
+                 threads: int | None = None, input_shapes: InputShapes | None = None,
+                 native: bool = True) -> None:
         self.library = library
         self.threads = max(1, threads or library.threads)
         # the shapes pinned at build time, unless the caller pins others
@@ -114,6 +117,17 @@ class ModelRunner:
         read = {name for step in self.steps for name in step.inputs} | set(self.outputs)
         self.constants = {k: v for k, v in self.constants.items() if k in read}
         warn_fallbacks(self.steps)
+        # activation buffers planned ahead (both paths use them); kernel runs become programs
+        self.plan = ModelPlan(self.steps, self.outputs, self._shapes, self.scratch)
+        self.native = self._native_program() if native else None
+
+    def _native_program(self) -> NativeProgram | None:
+        try:
+            return NativeProgram(self.plan, self.library.directory / str(
+                self.library.manifest.get("library", "libmodel.so")))
+        except NativeError as e:
+            logger.warning("running step by step, not as a native program: %s", e)
+            return None
 
     def _add_layer(self, layer: Layer, library: KernelLibrary) -> None:
         symbol = _layer_symbol(layer, library.manifest)
@@ -142,13 +156,18 @@ class ModelRunner:
         else:
             self.steps.append(step)
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs by name; FeedError (a DeployError) for inputs that do not fit the model."""
+    def run(self, feeds: Mapping[str, np.ndarray], native: bool = True
+            ) -> dict[str, np.ndarray]:
+        """Outputs by name; FeedError (a DeployError) for inputs that do not fit the model.
+        ``native=False`` runs step by step (one Python call per step) on the same buffers."""
         start = time.perf_counter()
         env: dict[str, np.ndarray] = dict(self.constants)
         env.update(check_feeds(self.input_specs, feeds))
-        for step in self.steps:
-            step(env)
+        if native and self.native is not None:
+            self.native.run(env)
+        else:
+            for step in self.steps:
+                step(env)
         outputs = {name: np.array(env[name], copy=True) for name in self.outputs}
         self._run_seconds += time.perf_counter() - start
         return outputs

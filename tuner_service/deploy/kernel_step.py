@@ -9,11 +9,18 @@ Workspaces (padded copies, Winograd's transformed tiles) come from one ``Scratch
 every layer of a model shares: layers run one after another, each kernel writes its workspace
 before reading it, so the model touches one warm block of scratch memory instead of a cold one
 per layer (ResNet-18's Winograd layers alone would need 36 MB).
+
+Each step describes its pointers (``BoundArg``: fixed weights, activation, staged activation,
+output, workspace), which is what the native executor (``native``) turns into a C program; the
+output starts in a buffer of its own and moves into the planned activation arena with
+``place_output`` once the whole model's buffers are planned.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import enum
 from typing import Any
 
 import numpy as np
@@ -55,37 +62,95 @@ class Scratch:
         return views
 
 
+class ArgKind(enum.Enum):
+    """What one kernel argument points at (the native program resolves each kind its way)."""
+
+    FIXED = "fixed"            # packed weights, built once here
+    ACTIVATION = "activation"  # a tensor read at every call, by pointer
+    STAGED = "staged"          # a tensor copied into a buffer with slack (the kernel over-reads)
+    OUTPUT = "output"
+    WORKSPACE = "workspace"    # a view of the shared scratch arena
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundArg:
+    """One argument of a bound kernel: ``buffer`` is the memory behind a fixed pointer (None for
+    an activation), ``tensor`` the graph tensor read or written, ``size`` its dense elements."""
+
+    kind: ArgKind
+    buffer: np.ndarray | None
+    tensor: str | None
+    size: int
+
+
 class KernelStep:
-    def __init__(self, kernel: LoadedKernel, layer: Layer, pointers: list[int],
-                 dynamic: list[tuple[int, str, np.ndarray | None, int]], output: np.ndarray,
-                 keep: list[np.ndarray], threads: int) -> None:
+    """One call of a compiled kernel: ``__call__(env)`` binds the activations by pointer, runs
+    it, and puts its output buffer in ``env``. ``args`` describe every pointer (the native
+    executor builds its program from them)."""
+
+    def __init__(self, kernel: LoadedKernel, layer: Layer, args: list[BoundArg],
+                 output_shape: tuple[int, ...], threads: int) -> None:
         self.kernel = kernel
         self.layer = layer.nodes[0]
-        self.inputs = [tensor for _, tensor, _, _ in dynamic]
+        self.args = args
+        self.threads = threads
+        self.inputs = [a.tensor for a in args if a.kind in _READS and a.tensor is not None]
         self.outputs = [layer.output]
         self._function = kernel.function
-        self._pointers = pointers
-        self._dynamic = dynamic
-        self._output = output
-        self._keep = keep  # owns the memory behind the fixed pointers
+        self._pointers = [0 if a.buffer is None else a.buffer.ctypes.data for a in args]
+        self._dynamic = [(i, a) for i, a in enumerate(args) if a.kind in _READS]
+        (self._out_position,) = [i for i, a in enumerate(args) if a.kind is ArgKind.OUTPUT]
+        self._output_shape = output_shape
+        self._output = self._output_view()
         self._threads = ctypes.c_int64(threads)
+
+    @property
+    def output(self) -> np.ndarray:
+        """The output buffer in the output tensor's shape (what a run puts in ``env``)."""
+        return self._output
+
+    @property
+    def output_elements(self) -> int:
+        """Elements of the output buffer, slack the kernel may write included."""
+        buffer = self.args[self._out_position].buffer
+        assert buffer is not None
+        return int(buffer.size)
+
+    def place_output(self, buffer: np.ndarray) -> None:
+        """Write the output into ``buffer`` (a planned slice of the activation arena) from now
+        on; it must hold ``output_elements`` float32s."""
+        if buffer.dtype != np.float32 or buffer.size != self.output_elements:
+            raise LibraryError(f"layer {self.layer}: an output buffer of {buffer.size} "
+                               f"elements for a kernel that writes {self.output_elements}")
+        old = self.args[self._out_position]
+        self.args[self._out_position] = dataclasses.replace(old, buffer=buffer)
+        self._pointers[self._out_position] = buffer.ctypes.data
+        self._output = self._output_view()
+
+    def _output_view(self) -> np.ndarray:
+        arg = self.args[self._out_position]
+        assert arg.buffer is not None
+        return arg.buffer[:arg.size].reshape(self._output_shape)
 
     def __call__(self, env: dict[str, np.ndarray]) -> None:
         pointers = self._pointers
-        for position, tensor, staging, size in self._dynamic:
-            value = env[tensor]
-            if staging is not None:  # the kernel over-reads: copy into a buffer with slack
-                staging[:size] = value.reshape(-1)
+        for position, arg in self._dynamic:
+            value = env[str(arg.tensor)]
+            if arg.buffer is not None:  # the kernel over-reads: copy into a buffer with slack
+                arg.buffer[:arg.size] = value.reshape(-1)
                 continue
             if value.dtype != np.float32 or not value.flags.c_contiguous:
                 value = np.ascontiguousarray(value, dtype=np.float32)
-                env[tensor] = value  # keep it alive for the call (and reuse it later)
-            if value.size != size:
-                raise LibraryError(f"layer {self.layer}: input {tensor} has {value.size} "
-                                   f"elements, the kernel expects {size}")
+                env[str(arg.tensor)] = value  # keep it alive for the call (and reuse it later)
+            if value.size != arg.size:
+                raise LibraryError(f"layer {self.layer}: input {arg.tensor} has {value.size} "
+                                   f"elements, the kernel expects {arg.size}")
             pointers[position] = value.ctypes.data
         self._function(*pointers, self._threads)
         env[self.outputs[0]] = self._output
+
+
+_READS = (ArgKind.ACTIVATION, ArgKind.STAGED)
 
 
 def bind_kernel(kernel: LoadedKernel, layer: Layer, graph_constants: dict[str, np.ndarray],
@@ -99,34 +164,27 @@ def bind_kernel(kernel: LoadedKernel, layer: Layer, graph_constants: dict[str, n
         packed = kernel.template.pack(workload, kernel.config, {**placeholders, **constant})
     except (ScheduleError, ValueError) as e:
         raise LibraryError(f"layer {layer.nodes[0]}: packing its constants failed: {e}") from e
-    pointers: list[int] = []
-    dynamic: list[tuple[int, str, np.ndarray | None, int]] = []
-    keep: list[np.ndarray] = []
-    output: np.ndarray | None = None
+    args: list[BoundArg] = []
     workspaces = iter((scratch or Scratch(workspace_elements(kernel))).carve(kernel))
-    for position, arg in enumerate(kernel.args):
+    for arg in kernel.args:
         size = int(np.prod(arg["shape"], dtype=np.int64))
         activation = arg["role"] == "input" and arg["name"] in runtime
+        tensor = layer.inputs[arg["name"]] if activation else None
         if activation and arg["elements"] == size:  # bound to the tensor at every call
-            pointers.append(0)
-            dynamic.append((position, layer.inputs[arg["name"]], None, size))
-            continue
-        if arg["role"] == "workspace":
-            view = next(workspaces)
-            keep.append(view)
-            pointers.append(view.ctypes.data)
-            continue
-        buffer = aligned_empty(int(arg["elements"]), zero=True)
-        keep.append(buffer)
-        pointers.append(buffer.ctypes.data)
-        if arg["role"] == "output":
-            output = buffer[:size].reshape(_output_shape(onnx_shape, workload.output_shape()))
-        elif activation:  # the kernel over-reads: stage a copy in a buffer with slack
-            dynamic.append((position, layer.inputs[arg["name"]], buffer, size))
-        elif arg["role"] == "input":
-            _fill(buffer, packed, arg, size, layer)
-    assert output is not None, "every kernel has an output argument"
-    return KernelStep(kernel, layer, pointers, dynamic, output, keep, threads)
+            args.append(BoundArg(ArgKind.ACTIVATION, None, tensor, size))
+        elif arg["role"] == "workspace":
+            args.append(BoundArg(ArgKind.WORKSPACE, next(workspaces), None, size))
+        else:
+            buffer = aligned_empty(int(arg["elements"]), zero=True)
+            if arg["role"] == "output":
+                args.append(BoundArg(ArgKind.OUTPUT, buffer, layer.output, size))
+            elif activation:  # the kernel over-reads: stage a copy in a buffer with slack
+                args.append(BoundArg(ArgKind.STAGED, buffer, tensor, size))
+            else:
+                _fill(buffer, packed, arg, size, layer)
+                args.append(BoundArg(ArgKind.FIXED, buffer, None, size))
+    return KernelStep(kernel, layer, args,
+                      _output_shape(onnx_shape, workload.output_shape()), threads)
 
 
 def _split_inputs(layer: Layer, shapes: dict[str, tuple[int, ...]],

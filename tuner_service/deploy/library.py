@@ -43,6 +43,7 @@ from schedule_templates.templates.base import Template, get_template, target_kin
 from schedule_templates.workloads import Workload
 from tuner_service.deploy.configs import Choice, ConfigBook
 from tuner_service.deploy.errors import BuildError
+from tuner_service.deploy.native_build import RUNTIME_LIBS, compile_runtime
 from tuner_service.frontend.fusion import Layer, plan_layers
 from tuner_service.frontend.loading import ModelInput, load_model
 from tuner_service.frontend.shapes import InputShapes
@@ -168,8 +169,9 @@ def _compile_and_link(specs: Iterable[KernelSpec], library: Path) -> None:
             path = Path(tmp) / "empty.o"
             path.write_bytes(emit_object(ir.Module(name="empty")))
             objects.append(str(path))
+        objects.append(str(compile_runtime(linker, Path(tmp))))  # the native executor
         staging = Path(tmp) / library.name
-        command = [linker, "-shared", "-o", str(staging), *objects, "-lgomp",
+        command = [linker, "-shared", "-o", str(staging), *objects, "-lgomp", *RUNTIME_LIBS,
                    "-Wl,-z,noexecstack"]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -19,6 +19,8 @@ CASES = [  # shape, kernel, stride, pads (top, left, bottom, right), dilation
     ((1, 6, 14, 14), (5, 5), (3, 3), (2, 2, 2, 2), (1, 1)),
     ((1, 1, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
     ((3, 32, 40, 37), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # stride 1, threaded, SIMD rows
+    ((1, 2, 2, 40), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # no interior rows at all
+    ((1, 3, 8, 8), (4, 4), (4, 4), (2, 2, 2, 2), (1, 1)),  # no interior position
 ]
 
 
