@@ -144,8 +144,8 @@ def decomposed_layer_norm(index: int, context: PlanContext, free: set[int]) -> G
         raise Refused("the epsilon is not a constant scalar")
     out, params = div.output[0], []
     for kind in ("Mul", "Add"):
-        nxt = walk.maybe(out, kind,
-                         lambda n, t=out: bool(_param_of(n, t, shape[-1], context)))
+        nxt = walk.maybe(out, kind, partial(_has_param, tensor=out, width=shape[-1],
+                                            context=context))
         if nxt is None:
             break
         params.append(_param_of(nxt, out, shape[-1], context))
@@ -163,6 +163,10 @@ def _last_axis_mean(node: onnx.NodeProto, shape: tuple[int, ...], context: PlanC
     if axes is None or [a % len(shape) for a in axes] != [len(shape) - 1] or not attr(
             node, "keepdims", 1):
         raise Refused("not a ReduceMean over the last axis with keepdims")
+
+
+def _has_param(node: onnx.NodeProto, tensor: str, width: int, context: PlanContext) -> bool:
+    return bool(_param_of(node, tensor, width, context))
 
 
 def _param_of(node: onnx.NodeProto, tensor: str, width: int, context: PlanContext) -> str:
