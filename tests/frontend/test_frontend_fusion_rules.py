@@ -93,7 +93,7 @@ def test_residual_computed_after_the_anchor_is_not_fused(tiny_model: Any) -> Non
     nodes = [_conv("c1", name="conv1"), _conv("c2", name="conv2", weight="w2"),
              _node("Sigmoid", ["c2"], "s2"), _node("Add", ["c1", "s2"], "out")]
     _, layers = _plan(tiny_model, nodes, {"out": None}, {"w2": _rand(8, 4, 3, 3)})
-    assert _fused(layers) == [(("conv1",), "none"), (("conv2",), "none")]
+    assert _fused(layers) == [(("conv1",), "none"), (("conv2", "s2"), "sigmoid")]
 
 
 @pytest.mark.parametrize("shape, epilogue", [

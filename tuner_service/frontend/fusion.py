@@ -4,7 +4,10 @@ Each tunable anchor (Conv, Gemm, MatMul) becomes one ``Layer``. When the workloa
 epilogue, the anchor absorbs the elementwise nodes that follow it while the ONNX graph allows:
 
     Conv | Gemm | MatMul  [-> BatchNormalization] [-> Add/Sub/Mul/Div by a per-channel constant]
-                          [-> Add (residual)] [-> Relu | Clip]
+                          [-> Add (residual)] [-> Relu | Clip | an activation]
+
+where an activation is one node (Sigmoid, HardSigmoid, HardSwish, Tanh, Gelu) or the SiLU and
+erf-GELU patterns exporters write (``activation_patterns``).
 
 A node is absorbed only when the tensor between it and the chain has exactly one consumer and
 is not a graph output. Multiplications (and batch norms) must come before the residual add; a
@@ -27,7 +30,8 @@ import onnx
 
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import Workload
-from schedule_templates.workloads.epilogue import Epilogue
+from schedule_templates.workloads.epilogue import Activation, Epilogue
+from tuner_service.frontend.activation_patterns import multi_node, single_node
 from tuner_service.frontend.anchors import Anchor, map_anchor
 from tuner_service.frontend.errors import UnmappableNode
 from tuner_service.frontend.folding import ConstantValues, Step, materialize, scalar_constants
@@ -72,13 +76,15 @@ class Match:
     steps: list[Step]
     residual: Step | None = None
     clip: tuple[float, float] | None = None
+    activation: Activation | None = None
 
     @property
     def epilogue(self) -> Epilogue:
         kinds = {s.kind for s in self.steps}
         return Epilogue(scale=bool(kinds & {"mul", "div", "bn"}),
                         bias=bool(kinds & {"add", "sub", "bn"}),
-                        residual=self.residual is not None, clip=self.clip)
+                        residual=self.residual is not None, clip=self.clip,
+                        activation=self.activation)
 
     @property
     def workload(self) -> Workload:
@@ -180,6 +186,7 @@ class _Users:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.count: dict[str, int] = {}
         self.reader: dict[str, int] = {}
+        self.readers: dict[str, list[int]] = {}
         self.producer: dict[str, int] = {}
         self.graph_inputs = {v.name for v in graph.input}
         self.outputs = {v.name for v in graph.output}
@@ -188,6 +195,7 @@ class _Users:
                 if name:
                     self.count[name] = self.count.get(name, 0) + 1
                     self.reader[name] = position
+                    self.readers.setdefault(name, []).append(position)
             for name in _subgraph_reads(node):
                 self.count[name] = self.count.get(name, 0) + 1
             for name in node.output:
@@ -197,6 +205,14 @@ class _Users:
         if name in self.outputs or self.count.get(name) != 1:
             return None
         return self.reader.get(name)
+
+    def all_readers(self, name: str) -> list[int] | None:
+        """The nodes reading ``name``, in graph order; None when it is also a graph output, is
+        read inside a subgraph, or one node reads it twice."""
+        found = self.readers.get(name, [])
+        if name in self.outputs or self.count.get(name, 0) != len(found):
+            return None
+        return sorted(set(found)) if len(set(found)) == len(found) else None
 
     def ready_before(self, name: str, position: int) -> bool:
         """True when ``name`` exists before node ``position`` runs."""
@@ -217,7 +233,14 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
 
 def _extend(match: Match, context: _Context, claimed: set[int]) -> None:
     """Absorb following nodes while each one is a legal epilogue step."""
-    while match.clip is None:
+    while match.clip is None and match.activation is None:
+        pattern = multi_node(match.output, context.graph, context.users.all_readers,
+                             context.scalar)
+        if pattern is not None and not claimed.intersection(pattern.nodes):
+            match.activation = pattern.activation
+            match.nodes.extend(pattern.nodes)
+            match.output = pattern.output
+            return
         nxt = context.users.only_reader(match.output)
         if nxt is None or nxt in claimed:
             return
@@ -234,6 +257,12 @@ def _extend(match: Match, context: _Context, claimed: set[int]) -> None:
 def _absorb(match: Match, node: onnx.NodeProto, context: _Context) -> bool:
     """Add ``node`` to the match's epilogue if it fits; False (and no change) if not."""
     t, op, info = match.output, node.op_type, context.info
+    activation = single_node(node, context.opset)
+    if activation is not None:
+        if node.input[0] != t:
+            return False
+        match.activation = activation
+        return True
     if op in ("Relu", "Clip"):
         if node.input[0] != t:
             return False
