@@ -177,3 +177,28 @@ def _check_deploy(model: Any, tmp_path: Path) -> None:
         scale = max(1.0, float(np.abs(expected).max()))
         error = float(np.abs(got[name].reshape(expected.shape) - expected).max())
         assert error <= 1e-5 * scale, f"{name}: max abs error {error} (scale {scale})"
+
+
+@pytest.mark.parametrize("name, epilogue", [
+    ("SiLU", "bias+silu"), ("GELU", "bias+gelu"), ("Hardswish", "bias+hardswish"),
+    ("Hardsigmoid", "bias+hardsigmoid(0.16666667:0.5)"), ("Sigmoid", "bias+sigmoid"),
+    ("Tanh", "bias+tanh"),
+])
+def test_what_torch_exports_is_fused(name: str, epilogue: str) -> None:
+    """The patterns as ``torch.onnx.export`` (TorchScript exporter, opset 17) writes them."""
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    act = getattr(torch.nn, name)
+    module = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), act(),
+                                 torch.nn.Flatten(), torch.nn.Linear(8 * 36, 16), act())
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.zeros(1, 4, 6, 6),), buffer, dynamo=False,
+                          opset_version=17)
+    keys = sorted(key for task in extract_tasks(buffer.getvalue()).tasks
+                  for key in task.variants)
+    assert keys == [f"conv2d:N=1,C=4,H=6,W=6,K=8,R=3,S=3,pad=1,epilogue={epilogue}",
+                    f"dense:M=1,N=16,K=288,epilogue={epilogue}"]
