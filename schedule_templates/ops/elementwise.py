@@ -83,8 +83,10 @@ class Elementwise(GeneratedOp):
         def walk(extent: int, start: int) -> Callable[[tuple[Expr, ...]], list[Stmt]]:
             def inner_body(offsets: tuple[Expr, ...]) -> list[Stmt]:
                 def lanes(pos: Expr, lane: Expr) -> list[Stmt]:
-                    loads: list[Expr] = [b[o + pos * s] for b, o, s in
-                             zip(ins, offsets, inner.strides, strict=False)]
+                    # inner strides are 1 (full) or 0 (broadcast) for every buffer
+                    loads: list[Expr] = [
+                        b[o + pos * s] for b, o, s in zip(ins, offsets, inner.strides,
+                                                          strict=False)]
                     stmts, value = _emit(self.program, loads, {t.name: t for t in temps}, lane)
                     return [*stmts, store(out[offsets[-1] + pos], value)]
 

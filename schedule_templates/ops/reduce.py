@@ -12,6 +12,7 @@ instead accumulates whole inner rows into the output, streaming through memory i
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -38,6 +39,7 @@ from schedule_templates.ops.loops import (
     kernel_name,
     local,
     nest,
+    split_long_inner,
     tree,
     vector_split,
     want_parallel,
@@ -132,19 +134,47 @@ class Reduce(GeneratedOp):
             return [Allocate(acc, (*stmts, store(out[oo], result * scale
                                                  if self.mode == "mean" else result)))]
 
-        def strided(xo: Expr, oo: Expr) -> list[Stmt]:
-            stmts = vector_split(inner, 0, lambda i, _: [store(out[oo + i], x[xo + i])])
-            if n > 1:
-                r, mk_r = loop("r", n - 1)
-                stmts.append(mk_r(vector_split(inner, 0, lambda i, _: [
-                    store(out[oo + i], combine(out[oo + i], x[xo + (r + 1) * inner + i]))])))
-            if self.mode == "mean":
-                stmts += vector_split(inner, 0, lambda i, _: [
-                    store(out[oo + i], out[oo + i] * scale)])
-            return stmts
-
-        body = _rows(self.outer, n * inner, inner, work, contiguous if inner == 1 else strided)
+        if inner > 1:
+            return Kernel(kernel_name(self.kind, self.key), (x, out), (),
+                          tuple(self._strided(x, out)))
+        body = _rows(self.outer, n, 1, work, contiguous)
         return Kernel(kernel_name(self.kind, self.key), (x, out), (), tuple(body))
+
+    def _strided(self, x: Buffer, out: Buffer) -> list[Stmt]:
+        """A strided reduced axis: accumulate whole runs of ``inner`` into the output, reading
+        memory in order; a long run is cut into blocks when there are too few to thread."""
+        n, inner = self.reduced, self.inner
+        combine, scale = _COMBINE[self.mode], fconst(1.0 / n)
+        outer, run, tail = split_long_inner([Axis(self.outer, (n * inner, inner))],
+                                            Axis(inner, (1, 1)))
+
+        def block(extent: int, start: int) -> Callable[[tuple[Expr, ...]], list[Stmt]]:
+            def body(offsets: tuple[Expr, ...]) -> list[Stmt]:
+                xo, oo = offsets
+
+                def over(value: Callable[[Expr], Expr]) -> list[Stmt]:
+                    return vector_split(extent, start,
+                                        lambda i, _: [store(out[oo + i], value(i))])
+
+                stmts = over(lambda i: x[xo + i])
+                if n > 1:
+                    r, mk_r = loop("r", n - 1)
+                    stmts.append(mk_r(over(
+                        lambda i: combine(out[oo + i], x[xo + (r + 1) * inner + i]))))
+                if self.mode == "mean":
+                    stmts += over(lambda i: out[oo + i] * scale)
+                return stmts
+
+            return body
+
+        bases = (Const(0), Const(0))
+        stmts = nest(outer, bases, block(run.extent, 0), name="row",
+                     parallel=want_parallel(self.outer * n * inner,
+                                            math.prod(a.extent for a in outer)))
+        if tail is not None:
+            stmts += nest(outer[:-1], bases, block(tail[1], tail[0]), parallel=False,
+                          name="tail")
+        return stmts
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         x = np.asarray(inputs["x"], np.float64).reshape(self.outer, self.reduced, self.inner)

@@ -15,6 +15,7 @@ ROW_LENGTHS = [1, 7, 15, 16, 17, 63, 64, 65, 100, 1000]
 @pytest.mark.parametrize("outer, reduced, inner", [
     (1, 7, 1), (13, 5, 3), (3, 100, 1), (70, 1000, 1), (2, 300, 17), (1, 1, 1), (5, 64, 1),
     (5, 65, 1), (4, 16, 1), (4, 95, 1), (128, 49, 1), (40, 3, 1000), (1, 37, 21),
+    (1, 96, 56 * 56 + 5), (2, 7, 4099),  # a channel mean over NCHW: long runs cut in blocks
 ])
 def test_reduce(check_op, mode, outer, reduced, inner):
     check_op(Reduce(mode, outer, reduced, inner))
