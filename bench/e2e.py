@@ -50,7 +50,8 @@ def run_torch(model: BenchModel, threads: int, iterations: int, zoo_python: Path
     data, error, _ = call([*script, model.name, str(threads), str(iterations)], "peer")
     if data is None or "error" in data:
         return {"error": error or (data or {}).get("error", "failed")}
-    return {"ms": data["median_s"] * 1e3}
+    return {"ms": data["median_s"] * 1e3,
+            "max_abs_diff_vs_onnxruntime": data.get("max_abs_diff_vs_onnxruntime")}
 
 
 def tuning_of(model: BenchModel, threads: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -136,6 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--write-docs", nargs="?", type=Path, const=ROOT / "docs" / "e2e.md",
                         default=None, metavar="FILE", help="write the Markdown tables")
+    parser.add_argument("--from-json", type=Path, metavar="REPORT",
+                        help="measure nothing: write the Markdown of a saved --json report")
     args = parser.parse_args(argv)
     args.command = " ".join(argv if argv is not None else sys.argv[1:])
     try:
@@ -153,8 +156,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def docs_from_json(report: Path, docs: Path) -> int:
+    try:
+        saved = json.loads(report.read_text())
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read {report}: {e}", file=sys.stderr)
+        return 2
+    write_docs(saved, docs)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json is not None:
+        return docs_from_json(args.from_json, args.write_docs or ROOT / "docs" / "e2e.md")
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
                         format="%(asctime)s %(message)s", stream=sys.stderr)
     if any(kind_of(m) == "zoo" for m in args.models):
