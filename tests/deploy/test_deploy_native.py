@@ -198,3 +198,28 @@ def test_a_model_with_numpy_steps_cannot_be_exported(tmp_path: Path) -> None:
     build_library(model, ConfigBook(), tmp_path)
     with pytest.raises(NativeError, match="Sin"):
         export_model(model, tmp_path)
+
+
+def test_a_tensor_that_is_not_dense_is_copied_into_its_planned_buffer(tmp_path: Path) -> None:
+    runner = runner_for(conv_relu_gemm(), tmp_path)
+    assert runner.native is not None
+    feeds = runner.random_feeds(4)
+    want = runner.run(feeds)
+    env = {**runner.constants, "x": np.asfortranarray(feeds["x"])}  # not C-contiguous: staged
+    runner.native.run(env)
+    np.testing.assert_array_equal(env["y"], want["y"])
+
+
+def test_a_library_without_the_runtime_runs_step_by_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import tuner_service.deploy.executor as executor
+
+    def refuse(*args: Any) -> Any:
+        raise NativeError("libmodel.so has no native runtime")
+
+    monkeypatch.setattr(executor, "NativeProgram", refuse)
+    model = conv_relu_gemm()
+    runner = runner_for(model, tmp_path)
+    assert runner.native is None and "step by step" in caplog.text
+    feeds = runner.random_feeds(0)
+    assert_close(runner.run(feeds), onnxruntime_outputs(model, feeds), rtol=1e-5)
