@@ -64,6 +64,13 @@ def _gelu(x: str, y: str, *, mul_form: bool = False, swap: bool = False) -> list
             _node("Mul", ["half", f"{y}.m"] if swap else [f"{y}.m", "half"], y)]
 
 
+def _gelu_half_first(x: str, y: str, half: str = "half") -> list[Any]:
+    """``x * 0.5 * (1 + erf(x / sqrt 2))`` as a Python GELU exports."""
+    return [_node("Mul", [x, half], f"{y}.h"), _node("Div", [x, "sqrt2"], f"{y}.s"),
+            _node("Erf", [f"{y}.s"], f"{y}.e"), _node("Add", [f"{y}.e", "one"], f"{y}.a"),
+            _node("Mul", [f"{y}.a", f"{y}.h"], y)]
+
+
 def _silu(x: str, y: str, swap: bool = False) -> list[Any]:
     return [_node("Sigmoid", [x], f"{y}.s"),
             _node("Mul", [f"{y}.s", x] if swap else [x, f"{y}.s"], y)]
@@ -93,6 +100,7 @@ FUSED = {
     "gelu_div": (_dense() + _gelu("d", "y"), 17, "bias+gelu"),
     "gelu_mul_swapped": (_dense() + _gelu("d", "y", mul_form=True, swap=True), 17,
                          "bias+gelu"),
+    "gelu_half_first": ([*_dense(), *_gelu_half_first("d", "y")], 17, "bias+gelu"),
     "gelu_conv": (_conv() + _gelu("c", "y", mul_form=True), 17, "bias+gelu"),
 }
 
@@ -127,6 +135,8 @@ def _not_fused() -> dict[str, tuple[list[Any], list[str], int, str]]:
                                 for n in gelu], ["y"], 17, "bias"),
         "gelu_wrong_one": ([n if n.name != "y.a" else _node("Add", ["y.e", "almost_one"], "y.a")
                             for n in gelu], ["y"], 17, "bias"),
+        "gelu_half_first_wrong_half": ([*_dense(), *_gelu_half_first("d", "y", "almost_one")],
+                                       ["y"], 17, "bias"),
         "gelu_extra_reader": ([*gelu, _node("Tanh", ["y.a"], "z")], ["y", "z"], 17, "bias"),
         "gelu_tanh_approximation": ([*_dense(), _node("Gelu", ["d"], "y", approximate="tanh")],
                                     ["y"], 20, "bias"),

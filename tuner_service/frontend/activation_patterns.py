@@ -6,8 +6,8 @@ Single nodes: ``Sigmoid``, ``HardSigmoid`` (its alpha and beta become part of th
 that the epilogue chain produced:
 
     SiLU:  s = Sigmoid(x); y = Mul(x, s)
-    GELU:  d = Div(x, 1.41421) | Mul(x, 0.70711); e = Erf(d); a = Add(e, 1); m = Mul(x, a);
-           y = Mul(m, 0.5)
+    GELU:  d = Div(x, 1.41421) | Mul(x, 0.70711); e = Erf(d); a = Add(e, 1);
+           y = Mul(Mul(x, a), 0.5) | Mul(Mul(x, 0.5), a)
 
 Mul and Add operands may come in either order; constants are checked to 1e-4. Every tensor
 inside a pattern must be read only by the pattern's own nodes and be no graph output, and ``x``
@@ -86,32 +86,41 @@ def _silu(x: str, entry: list[int], graph: onnx.GraphProto, readers: Readers
 
 def _gelu(x: str, entry: list[int], graph: onnx.GraphProto, readers: Readers, scalar: Scalar
           ) -> ActivationMatch | None:
+    """``x * (1 + erf(x / sqrt 2))`` then ``* 0.5``, or ``(x * 0.5) * (1 + erf(...))``."""
     for d, m in (entry, entry[::-1]):
-        scaled = graph.node[d]
-        if not _scales_by_inverse_sqrt2(scaled, x, scalar):
+        head = _erf_plus_one(x, d, graph, readers, scalar)
+        if head is None:
             continue
-        chain = [d]
-        erf = _only_reader(scaled, graph, readers, "Erf", 1)
-        if erf is None:
-            continue
-        chain.append(erf)
-        add = _only_reader(graph.node[erf], graph, readers, "Add", 2)
-        if add is None or not _other_is(graph.node[add], graph.node[erf].output[0], 1.0, scalar):
-            continue
-        chain.append(add)
-        if readers(graph.node[add].output[0]) != [m]:
-            continue
+        add = graph.node[head[-1]].output[0]
         mul = graph.node[m]
-        if not _is(mul, "Mul", 2) or sorted(mul.input) != sorted([x, graph.node[add].output[0]]):
+        if not _is(mul, "Mul", 2):
             continue
-        chain.append(m)
-        half = _only_reader(mul, graph, readers, "Mul", 2)
-        if half is None or not _other_is(graph.node[half], mul.output[0], 0.5, scalar):
-            continue
-        chain.append(half)
-        return ActivationMatch(Activation("gelu"), tuple(sorted(chain)),
-                               graph.node[half].output[0])
+        if sorted(mul.input) == sorted([x, add]) and readers(add) == [m]:
+            half = _only_reader(mul, graph, readers, "Mul", 2)
+            if half is not None and _other_is(graph.node[half], mul.output[0], 0.5, scalar):
+                return ActivationMatch(Activation("gelu"), tuple(sorted([*head, m, half])),
+                                       graph.node[half].output[0])
+        elif _other_is(mul, x, 0.5, scalar):  # the half taken first
+            last = _only_reader(mul, graph, readers, "Mul", 2)
+            if (last is not None and readers(add) == [last]
+                    and sorted(graph.node[last].input) == sorted([mul.output[0], add])):
+                return ActivationMatch(Activation("gelu"), tuple(sorted([*head, m, last])),
+                                       graph.node[last].output[0])
     return None
+
+
+def _erf_plus_one(x: str, d: int, graph: onnx.GraphProto, readers: Readers, scalar: Scalar
+                  ) -> list[int] | None:
+    """Nodes ``d`` (x / sqrt 2), Erf, Add(., 1) in a private chain; None if not that."""
+    if not _scales_by_inverse_sqrt2(graph.node[d], x, scalar):
+        return None
+    erf = _only_reader(graph.node[d], graph, readers, "Erf", 1)
+    if erf is None:
+        return None
+    add = _only_reader(graph.node[erf], graph, readers, "Add", 2)
+    if add is None or not _other_is(graph.node[add], graph.node[erf].output[0], 1.0, scalar):
+        return None
+    return [d, erf, add]
 
 
 def _scales_by_inverse_sqrt2(node: onnx.NodeProto, x: str, scalar: Scalar) -> bool:
