@@ -81,8 +81,7 @@ def run_agent(url: str, token: str, backend: BackendSpec, wanted: int, spool_dir
     """A worker until ``wanted`` results are acknowledged; by default the old one-at-a-time
     loop (one item per claim, no overlap), which the overhead and repeatability parts measure."""
     values: dict[str, Any] = {"max_idle_s": 20.0, "poll_s": 1.0, "max_items": 1,
-                              "overlap_builds": False, "prefetch": 1, "report_batch": 1,
-                              **overrides}
+                              "pipeline": False, "overlap_builds": False, **overrides}
     settings = WorkerSettings(server=url, token=token, device_key=DEVICE, backend=backend.name,
                               spool_dir=spool_dir, **values)
     stop = threading.Event()
@@ -130,13 +129,21 @@ def resnet18_items(candidates: int, repeat_share: float, seed: int) -> list[dict
     return items
 
 
-def bench_pipeline(candidates: int, repeat_share: float, tmp: Path) -> dict[str, Any]:
+#: the worker's defaults, and the loop before the pipeline (for ``--compare``)
+PIPELINED = {"max_items": 0, "pipeline": True, "overlap_builds": True}
+ONE_AT_A_TIME = {"max_items": 1, "pipeline": False, "overlap_builds": False,
+                 "compile_cache_entries": 0}
+
+
+def bench_pipeline(candidates: int, repeat_share: float, tmp: Path, parallel_build: int = 1,
+                   settings: dict[str, Any] | None = None) -> dict[str, Any]:
     items = resnet18_items(candidates, repeat_share, seed=0)
     with StubServer(TOKEN, heartbeat_s=10.0) as stub:
         stub.queue += items
         start = time.perf_counter()
-        client = run_agent(stub.url, TOKEN, BackendSpec("llvm"), candidates, tmp / "spool0",
-                           max_items=0, overlap_builds=True, prefetch=0, report_batch=32)
+        client = run_agent(stub.url, TOKEN, BackendSpec("llvm"), candidates,
+                           tmp / f"spool-{time.monotonic_ns()}", parallel_build=parallel_build,
+                           **(settings or PIPELINED))
     done = [client.results[i] for i in sorted(client.acked)]
     elapsed = max(client.acked.values()) - start
     timings = [r["timings"] for r in done if "timings" in r]
@@ -149,7 +156,8 @@ def bench_pipeline(candidates: int, repeat_share: float, tmp: Path) -> dict[str,
     per_candidate_ms = elapsed / len(done) * 1e3
     return {
         "tasks": "ResNet-18 convs (11), random valid configs, threads=1, repeat=3, "
-                 "min_repeat_ms=50", "candidates": len(done),
+                 "min_repeat_ms=50", "parallel_build": parallel_build,
+        "settings": settings or PIPELINED, "candidates": len(done),
         "ok": sum(1 for r in done if r["error_kind"] == 0),
         "repeat_share": repeat_share, "compile_cache_hits": getattr(client, "cache_hits", 0),
         "elapsed_s": round(elapsed, 2),
@@ -158,6 +166,7 @@ def bench_pipeline(candidates: int, repeat_share: float, tmp: Path) -> dict[str,
         "overhead_per_candidate_ms": round(per_candidate_ms - measure_s * 1e3, 1),
         "overhead_target_ms": 150, "stages": stages,
         "noisy_share": round(sum(1 for r in done if r.get("noisy")) / len(done), 3),
+        "load_average_at_end": os.getloadavg(),
     }
 
 
@@ -277,11 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-candidates", type=int, default=90)
     parser.add_argument("--repeat-share", type=float, default=0.1,
                         help="share of pipeline items that repeat an earlier config")
+    parser.add_argument("--parallel-build", type=int, default=1,
+                        help="build processes of the pipelined worker")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run the pipeline's items through the one-at-a-time loop")
     parser.add_argument("--only", choices=("pipeline", "overhead", "repeatability"),
                         help="run one part")
     args = parser.parse_args(argv)
     parts = {
-        "pipeline": lambda tmp: bench_pipeline(args.pipeline_candidates, args.repeat_share, tmp),
+        "pipeline": lambda tmp: bench_pipeline(args.pipeline_candidates, args.repeat_share, tmp,
+                                               args.parallel_build),
+        "one_at_a_time": lambda tmp: bench_pipeline(args.pipeline_candidates,
+                                                    args.repeat_share, tmp,
+                                                    settings=ONE_AT_A_TIME),
         "overhead": lambda tmp: bench_overhead(args.candidates, tmp),
         "repeatability": lambda tmp: bench_repeatability(args.workload, args.claims, tmp),
     }
@@ -291,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_at_start": os.getloadavg(),
         }
         for name, part in parts.items():
-            if args.only in (None, name):
+            wanted = args.compare if name == "one_at_a_time" else args.only in (None, name)
+            if wanted:
                 report[name] = part(Path(tmp))
     print(json.dumps(report, indent=None if args.json else 2))
     return 0

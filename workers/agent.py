@@ -78,7 +78,7 @@ class Agent:
         """Work until stopped, idle for ``max_idle_s``, or done with one batch (``once``)."""
         if not self._register():
             return 0
-        if self.settings.once:
+        if self.settings.once or not self.settings.pipeline:
             self._run_batches()
         else:
             self._run_pipelined()
@@ -124,7 +124,7 @@ class Agent:
                     self._spool_measured(measured, feed.claim_of(measured.task.measure_id))
                     feed.result_added()
                 idle_since = time.monotonic()
-            unstarted = feed.unstarted()
+        unstarted = feed.unstarted()  # after the feed stopped: a claim in flight has landed
         if unstarted:
             self._release(unstarted)
         if feed.error is not None:

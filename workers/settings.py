@@ -36,6 +36,9 @@ class WorkerSettings:
     #: items per claim (0: one per build slot)
     max_items: int = 0
     max_tasks_per_child: int = 200
+    #: claim ahead and report in batches on a feed thread (False: claim one batch, measure it,
+    #: report each result as it finishes, and only then claim again)
+    pipeline: bool = True
     #: build candidates on the cores a timed kernel leaves free (one more measuring process)
     overlap_builds: bool = True
     #: tasks claimed ahead of the measurer (0: two per measuring process); once mode claims
