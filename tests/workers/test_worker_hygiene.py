@@ -137,3 +137,26 @@ def test_drift_is_the_quicker_probe_against_the_recent_median(
     _costs, seen = gauge.probe(lambda: (1e-3,))
     assert seen.quiet is quiet
     assert seen.drift == pytest.approx(min(before, after) / 1.0e-3 - 1.0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity")
+                    or not {0, 1} <= os.sched_getaffinity(0),
+                    reason="needs cores 0 and 1 (those of the fake /proc/stat) to pin to one")
+def test_the_load_probe_watches_the_cores_the_process_has_when_it_probes(tmp_path: Path
+                                                                         ) -> None:
+    # A timed child is pinned to the timing core just before its run: builds on the other
+    # cores must not count as load on it.
+    from workers.measure.cores import pinned
+
+    (tmp_path / "self").mkdir()
+    (tmp_path / "stat").write_text(STAT.format(busy0=500, busy1=900, idle0=10, idle1=10))
+    (tmp_path / "self" / "stat").write_text(SELF.format(utime=0, stime=0))
+    gauge = QuietGauge(proc=tmp_path)
+    first = 0
+    with pinned(frozenset({first})):
+        seen = gauge.snapshot()
+    assert seen is not None and seen == parse_snapshot(
+        (tmp_path / "stat").read_text(), SELF.format(utime=0, stime=0), {first})
+    assert gauge.snapshot() == parse_snapshot((tmp_path / "stat").read_text(),
+                                              SELF.format(utime=0, stime=0),
+                                              set(os.sched_getaffinity(0)))
