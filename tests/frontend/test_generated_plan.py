@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,6 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from conftest import TinyModel  # noqa: E402
 from fusion_support import ort_values  # noqa: E402
 from onnx import helper  # noqa: E402
 
@@ -22,6 +22,7 @@ from tuner_service.frontend.generated_elementwise import MAX_INSTRUCTIONS  # noq
 from tuner_service.frontend.loading import load_model  # noqa: E402
 
 X = {"x": (2, 8, 6, 5)}
+TinyModel = Callable[..., Any]  # the ``tiny_model`` fixture
 
 
 def plan(model: Any) -> list[GeneratedLayer]:

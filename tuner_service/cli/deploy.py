@@ -198,7 +198,8 @@ def run_run(args: argparse.Namespace) -> int:
     latency = report["latency_ms"]
     print(f"{args.model.name}: median {latency['median']:.3f} ms, p90 {latency['p90']:.3f} ms "
           f"over {report['iterations']} runs, {report['threads']} thread(s), "
-          f"{report['kernel_layers']} kernel layers + {report['numpy_steps']} numpy steps")
+          f"{report['kernel_layers']} kernel layers + {report['generated_layers']} generated + "
+          f"{report['numpy_steps']} numpy steps")
     if "check" in report:
         print(f"vs onnxruntime: max abs error {report['check']['max_abs_error']:.3g}, "
               f"max relative error {report['check']['max_rel_error']:.3g}")
@@ -228,7 +229,8 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
         "iterations": stats["iterations"],
         "latency_ms": {k[:-2]: v * 1e3 for k, v in stats.items() if k.endswith("_s")},
         "kernel_layers": len(runner.kernel_steps),
-        "numpy_steps": len(runner.steps) - len(runner.kernel_steps),
+        "generated_layers": len(runner.generated_steps),
+        "numpy_steps": len(runner.steps) - len(runner.kernel_steps) - len(runner.generated_steps),
         "native_calls": (sum(s.native for s in runner.plan.segments)
                          if runner.native is not None else None),
         "activation_memory": runner.plan.memory.summary(),

@@ -29,8 +29,9 @@ from tuner_service.deploy.fallback import (
     warn_fallbacks,
 )
 from tuner_service.deploy.feeds import InputSpec, check_feeds, input_specs, random_feeds
+from tuner_service.deploy.generated_step import GeneratedStep, bind_generated, generated_workspace
 from tuner_service.deploy.kernel_step import KernelStep, Scratch, bind_kernel, workspace_elements
-from tuner_service.deploy.library import layer_json
+from tuner_service.deploy.library import generated_layer_json, layer_json
 from tuner_service.deploy.loader import KernelLibrary
 from tuner_service.deploy.native import ModelPlan, NativeError, NativeProgram
 from tuner_service.deploy.node import NodeInfo, OpFn
@@ -39,6 +40,7 @@ from tuner_service.deploy.ops_misc import MISC_OPS
 from tuner_service.deploy.ops_nn import NN_OPS
 from tuner_service.deploy.ops_tensor import TENSOR_OPS
 from tuner_service.frontend.fusion import Layer, node_name, plan_layers
+from tuner_service.frontend.generated import GeneratedLayer, plan_generated
 from tuner_service.frontend.graph import index_graph
 from tuner_service.frontend.loading import ModelInput, load_model
 from tuner_service.frontend.shapes import InputShapes
@@ -95,18 +97,27 @@ class ModelRunner:
         self._shapes = _static_shapes(proto)
         layers = plan_layers(proto)
         _check_plan(layers, library.manifest)
+        generated = generated_plan(proto, layers, library)
         self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
-        by_last = {_last_index(layer, proto.graph): layer for layer in layers}
+        by_last: dict[int, list[Layer | GeneratedLayer]] = {}
+        for layer in layers:
+            by_last.setdefault(_last_index(layer, proto.graph), []).append(layer)
+        for glayer in generated:  # a Split is several layers at one index
+            by_last.setdefault(glayer.last_index, []).append(glayer)
         covered = {name for layer in layers for name in layer.nodes}
+        covered |= {name for glayer in generated for name in glayer.nodes}
         # one scratch arena, as large as the hungriest kernel's workspaces, shared by all layers
-        self.scratch = Scratch(max(map(workspace_elements, library.kernels.values()), default=0))
+        self.scratch = Scratch(max([*map(workspace_elements, library.kernels.values()),
+                                    *map(generated_workspace, (library.generated or {}).values())],
+                                   default=0))
         self.steps: list[Any] = []
-        self.kernel_steps: list[KernelStep] = []
+        self.kernel_steps: list[KernelStep] = []  # tuned layers
+        self.generated_steps: list[GeneratedStep] = []
         for index, node in enumerate(proto.graph.node):
             name = node_name(node, index)
-            if index in by_last:
-                self._add_layer(by_last[index], library)
-            elif name not in covered:
+            for planned in by_last.get(index, []):
+                self._add_layer(planned, library)
+            if index not in by_last and name not in covered:
                 self._add_node(node, name)
         self.input_specs: list[InputSpec] = input_specs(proto, self.constants, self._shapes)
         #: input name -> static shape (None where a dimension is dynamic)
@@ -129,7 +140,15 @@ class ModelRunner:
             logger.warning("running step by step, not as a native program: %s", e)
             return None
 
-    def _add_layer(self, layer: Layer, library: KernelLibrary) -> None:
+    def _add_layer(self, layer: Layer | GeneratedLayer, library: KernelLibrary) -> None:
+        if isinstance(layer, GeneratedLayer):
+            kernel = (library.generated or {})[_generated_symbol(layer, library.manifest)]
+            generated = bind_generated(kernel, layer, self.constants,
+                                       self._shapes.get(layer.output), self.threads,
+                                       self.scratch)
+            self.steps.append(generated)
+            self.generated_steps.append(generated)
+            return
         symbol = _layer_symbol(layer, library.manifest)
         step = bind_kernel(library.kernels[symbol], layer, self.constants,
                            self._shapes.get(layer.output), self.threads, self.scratch)
@@ -198,6 +217,8 @@ class ModelRunner:
 
 
 def _step_kind(step: Any) -> str:
+    if isinstance(step, GeneratedStep):
+        return "generated"
     if isinstance(step, KernelStep):
         return "kernel"
     if isinstance(step, FallbackStep) or getattr(step, "fallback", None) is not None:
@@ -206,6 +227,8 @@ def _step_kind(step: Any) -> str:
 
 
 def _step_name(step: Any) -> str:
+    if isinstance(step, GeneratedStep):
+        return f"{step.layer} [generated {step.op.kind}]"
     if isinstance(step, KernelStep):
         return f"{step.layer} [{step.kernel.workload.key}]"
     return f"{step.info.name} ({step.info.op_type})"
@@ -257,6 +280,35 @@ def _check_plan(layers: Sequence[Layer], manifest: dict[str, Any]) -> None:
                 f"layer {layer.nodes[0]} ({layer.workload.key}) does not match the library's "
                 f"layer {entry['name']} ({entry['workload']}): the library was built for "
                 "another model; rebuild it with tuner build")
+
+
+def generated_plan(proto: onnx.ModelProto, layers: Sequence[Layer], library: KernelLibrary
+                   ) -> list[GeneratedLayer]:
+    """The generated layers of the model, checked against the library's; none when the library
+    has no generated kernels (built with ``generated=False`` or before they existed)."""
+    if library.generated is None:
+        return []
+    generated = plan_generated(proto, layers)
+    built = library.manifest.get("generated_layers", [])
+    if len(built) != len(generated):
+        raise LibraryError(f"the library was built with {len(built)} generated layers, this "
+                           f"model has {len(generated)}; rebuild it with tuner build")
+    for entry, layer in zip(built, generated, strict=True):
+        kernel = library.generated.get(str(entry.get("kernel")))
+        if (generated_layer_json(layer, entry["kernel"]) != entry or kernel is None
+                or kernel.op.key != layer.op.key):
+            raise LibraryError(
+                f"generated layer {layer.nodes[0]} ({layer.op.kind}) does not match the "
+                f"library's layer {entry.get('name')}: the library was built for another model "
+                "(or another version of the planner); rebuild it with tuner build")
+    return generated
+
+
+def _generated_symbol(layer: GeneratedLayer, manifest: dict[str, Any]) -> str:
+    for entry in manifest["generated_layers"]:
+        if entry["output"] == layer.output:
+            return str(entry["kernel"])
+    raise LibraryError(f"the library has no generated kernel for layer {layer.nodes[0]}")
 
 
 def _layer_symbol(layer: Layer, manifest: dict[str, Any]) -> str:

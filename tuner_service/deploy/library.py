@@ -11,6 +11,10 @@ Output directory layout:
   tuned at unless ``--threads`` says otherwise; ``tuned_threads``), and per kernel its symbol,
   workload key, template and version, config (and whether it was tuned or the default), argument
   order, shapes and sizes; per layer the ONNX nodes it covers and the tensors it reads and writes.
+  ``generated`` lists the generated operators (``schedule_templates.ops``: elementwise chains,
+  pooling, softmax, layer norm, data movement) compiled as ``gNNN_KIND`` for the other nodes
+  ``frontend.generated`` maps, and ``generated_layers`` their layers. A manifest without them
+  (``generated=False``, or written before they existed) still loads: those nodes run in numpy.
 
 Constant weights are not stored: ``tuner run`` packs them from the ONNX model at load time
 (``Template.pack``), so one library serves every checkpoint of the same architecture and the
@@ -37,6 +41,7 @@ from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import emit_object, host_features
 from schedule_templates.errors import ScheduleError
 from schedule_templates.ir.nodes import Kernel
+from schedule_templates.ops.base import GeneratedOp
 from schedule_templates.runtime import lower
 from schedule_templates.space import Config
 from schedule_templates.templates.base import Template, get_template, target_kind
@@ -45,6 +50,7 @@ from tuner_service.deploy.configs import Choice, ConfigBook
 from tuner_service.deploy.errors import BuildError
 from tuner_service.deploy.native_build import RUNTIME_LIBS, compile_runtime
 from tuner_service.frontend.fusion import Layer, plan_layers
+from tuner_service.frontend.generated import GeneratedLayer, plan_generated
 from tuner_service.frontend.loading import ModelInput, load_model
 from tuner_service.frontend.shapes import InputShapes
 
@@ -64,16 +70,37 @@ class KernelSpec:
     kernel: Kernel
     layers: list[str] = dataclasses.field(default_factory=list)
 
+    @property
+    def label(self) -> str:
+        return self.workload.key
+
+
+@dataclasses.dataclass
+class GeneratedSpec:
+    """One distinct generated operator (``schedule_templates.ops``) and the layers using it."""
+
+    symbol: str
+    op: GeneratedOp
+    kernel: Kernel
+    layers: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"generated {self.op.kind} {self.symbol}"
+
 
 def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
                   target: str = "llvm", threads: int | None = None,
-                  input_shapes: InputShapes | None = None) -> dict[str, Any]:
+                  input_shapes: InputShapes | None = None, generated: bool = True
+                  ) -> dict[str, Any]:
     """Compile, link and describe; returns the manifest (also written to ``out_dir``).
 
     ``threads`` is the library's default run thread count: by default the one the configs
     were tuned at (1 when they do not say); another count than theirs is a warning.
     ``model`` may be a path (external data beside it); ``input_shapes`` pins dynamic inputs
-    and is recorded in the manifest, so that ``ModelRunner`` pins them the same way."""
+    and is recorded in the manifest, so that ``ModelRunner`` pins them the same way.
+    ``generated`` compiles the other nodes the generated-operator planner maps (elementwise
+    chains, pooling, softmax, ...) into the library too; without it they run in numpy."""
     if target_kind(target) != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
     tuned_threads = book.threads
@@ -86,8 +113,14 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         spec = _kernel_for(layer, book, target, kernels)
         spec.layers.append(layer.nodes[0])
         layer_entries.append(layer_json(layer, spec.symbol))
+    extra: dict[str, GeneratedSpec] = {}
+    extra_entries = []
+    for glayer in plan_generated(proto, layers) if generated else []:
+        gspec = _generated_for(glayer, extra)
+        gspec.layers.append(glayer.output)
+        extra_entries.append(generated_layer_json(glayer, gspec.symbol))
     out_dir.mkdir(parents=True, exist_ok=True)
-    _compile_and_link(list(kernels.values()), out_dir / LIBRARY_FILE)
+    _compile_and_link([*kernels.values(), *extra.values()], out_dir / LIBRARY_FILE)
     manifest = {
         "format_version": MANIFEST_VERSION,
         "library": LIBRARY_FILE,
@@ -96,11 +129,15 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         "threads": threads,
         "tuned_threads": tuned_threads,
         "weights": "packed from the ONNX model at load time (Template.pack)",
-        "model": {"graph": proto.graph.name, "plan_sha256": plan_digest(layer_entries),
+        "model": {"graph": proto.graph.name,
+                  "plan_sha256": plan_digest(layer_entries + extra_entries),
                   "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()}},
         "kernels": [kernel_json(spec) for spec in kernels.values()],
         "layers": layer_entries,
     }
+    if generated:  # absent: a runner computes those nodes in numpy (as before they existed)
+        manifest["generated"] = [generated_json(spec) for spec in extra.values()]
+        manifest["generated_layers"] = extra_entries
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -145,6 +182,19 @@ def _kernel_for(layer: Layer, book: ConfigBook, target: str,
     return kernels[key]
 
 
+def _generated_for(layer: GeneratedLayer, specs: dict[str, GeneratedSpec]) -> GeneratedSpec:
+    key = layer.op.key
+    if key not in specs:
+        symbol = f"g{len(specs):03d}_{layer.op.kind}"
+        try:
+            kernel = layer.op.lower()
+        except ScheduleError as e:
+            raise BuildError(f"layer {layer.nodes[0]}: cannot lower its generated "
+                             f"{layer.op.kind}: {e}") from e
+        specs[key] = GeneratedSpec(symbol, layer.op, dataclasses.replace(kernel, name=symbol))
+    return specs[key]
+
+
 def fallback_keys(workload: Workload) -> list[str]:
     """Keys whose tuned configs also fit ``workload``: a fused workload shares the search
     space of its unfused base (the epilogue only changes the output stage)."""
@@ -152,7 +202,7 @@ def fallback_keys(workload: Workload) -> list[str]:
     return [base_key] if base_key != workload.key else []
 
 
-def _compile_and_link(specs: Iterable[KernelSpec], library: Path) -> None:
+def _compile_and_link(specs: Iterable[KernelSpec | GeneratedSpec], library: Path) -> None:
     linker = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if linker is None:
         raise BuildError("no C compiler driver (cc, gcc or clang) found to link the library")
@@ -163,7 +213,7 @@ def _compile_and_link(specs: Iterable[KernelSpec], library: Path) -> None:
             try:
                 path.write_bytes(emit_object(generate_llvm_ir(spec.kernel)))
             except ScheduleError as e:
-                raise BuildError(f"code generation failed for {spec.workload.key}: {e}") from e
+                raise BuildError(f"code generation failed for {spec.label}: {e}") from e
             objects.append(str(path))
         if not objects:  # a model without tunable layers still gets a (kernel-less) library
             path = Path(tmp) / "empty.o"
@@ -203,6 +253,16 @@ def kernel_json(spec: KernelSpec) -> dict[str, Any]:
     }
 
 
+def generated_json(spec: GeneratedSpec) -> dict[str, Any]:
+    kernel = spec.kernel
+    args = [_arg_json(b, "input") for b in kernel.params[:-1]]
+    args.append(_arg_json(kernel.output, "output"))
+    args += [_arg_json(b, "workspace") for b in kernel.workspace]
+    return {"symbol": spec.symbol, "op": spec.op.to_json(), "args": args,
+            "workspace_bytes": 4 * sum(b.size + b.slack for b in kernel.workspace),
+            "layers": spec.layers}
+
+
 def _arg_json(buf: Any, role: str) -> dict[str, Any]:
     return {"name": buf.name, "role": role, "shape": list(buf.shape),
             "elements": buf.size + buf.slack}
@@ -211,6 +271,12 @@ def _arg_json(buf: Any, role: str) -> dict[str, Any]:
 def layer_json(layer: Layer, symbol: str) -> dict[str, Any]:
     return {"name": layer.nodes[0], "nodes": list(layer.nodes), "kernel": symbol,
             "workload": layer.workload.key, "inputs": dict(layer.inputs),
+            "constants": sorted(layer.constants), "output": layer.output}
+
+
+def generated_layer_json(layer: GeneratedLayer, symbol: str) -> dict[str, Any]:
+    return {"name": layer.nodes[0], "nodes": list(layer.nodes), "kernel": symbol,
+            "op": layer.op.kind, "inputs": dict(layer.inputs),
             "constants": sorted(layer.constants), "output": layer.output}
 
 
