@@ -166,3 +166,19 @@ def test_results_carry_their_time_split(stub_server: StubServer, tmp_path: Path)
         assert "finished_at" not in result
     assert max(r["timings"]["report_s"] for r in stub_server.results.values()) > 0
     assert threading.active_count() >= 1
+
+
+def test_builds_stay_off_the_timing_cores_and_their_smt_siblings(tmp_path: Path) -> None:
+    from workers.measure.cores import parse_cpu_list, read_siblings
+
+    assert parse_cpu_list("0-2,8\n") == {0, 1, 2, 8}
+    (tmp_path / "cpu0" / "topology").mkdir(parents=True)
+    (tmp_path / "cpu0" / "topology" / "thread_siblings_list").write_text("0,2\n")
+    assert read_siblings(0, tmp_path) == {0, 2} and read_siblings(1, tmp_path) == {1}
+    smt = CoreLayout((0, 1, 2, 3), (frozenset({0, 2}), frozenset({1, 3}),
+                                    frozenset({0, 2}), frozenset({1, 3})))
+    assert smt.timing(1) == {0} and smt.building(1) == {1, 3}
+    assert smt.building(2) == set()
+    one_core_two_threads = CoreLayout((0, 1), (frozenset({0, 1}), frozenset({0, 1})))
+    assert one_core_two_threads.building(1) == set()
+    assert CoreLayout((0, 1)).building(1) == {1} and CoreLayout((0, 1)).building(2) == set()
