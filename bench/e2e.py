@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         except ZooError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    started = host()  # the load average before this run adds its own
     rows = run(args)
-    report = {"command": args.command, "host": host(), "threads": args.threads,
+    report = {"command": args.command, "host": started, "threads": args.threads,
               "iterations": args.iterations, "exporter": args.exporter, "tuner": TUNER,
               "trials_per_task": args.trials, "rows": rows, "summary": summary(rows)}
     report["load_average_end"] = list(os.getloadavg())

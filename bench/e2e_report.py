@@ -148,7 +148,18 @@ says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLICY` in
 
 {host}
 {load_note}
+{smoke_note}
 """
+#: below these a run checks the pipeline rather than measuring it
+FULL_TRIALS, FULL_ITERATIONS = 32, 5
+
+
+def smoke_note(report: dict[str, Any]) -> str:
+    if report["trials_per_task"] >= FULL_TRIALS and report["iterations"] >= FULL_ITERATIONS:
+        return ""
+    return (f"**Smoke run** ({report['trials_per_task']} trials per task, {report['iterations']} "
+            "runs per number): it shows the pipeline works end to end; its ratios say nothing "
+            f"about speed. The full table needs `--trials {FULL_TRIALS}` on an idle machine.")
 
 
 def write_docs(report: dict[str, Any], path: Path) -> None:
@@ -156,7 +167,7 @@ def write_docs(report: dict[str, Any], path: Path) -> None:
     text = HEADER.format(command=report["command"], exporter=report["exporter"],
                          iterations=report["iterations"], tuner=report["tuner"],
                          trials=report["trials_per_task"], host=host_line(report["host"]),
-                         load_note=load_note(report["host"]))
+                         load_note=load_note(report["host"]), smoke_note=smoke_note(report))
     body = [text, "## Summary", "", *summary_table(report["summary"]), ""]
     for threads in sorted({r["threads"] for r in rows}):
         body += [f"## {threads} thread{'s' if threads > 1 else ''}", "", *table(rows, threads),
