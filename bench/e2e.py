@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from e2e_models import ALL_MODELS, BenchModel, ModelUnavailable, kind_of, model_file  # noqa: E402
 from e2e_report import ratios, summary, write_docs  # noqa: E402
-from e2e_tune import MAX_TRIALS, TUNER, TuningFailed, cached, ensure_tuned  # noqa: E402
+from e2e_tune import MAX_TRIALS, TUNER, TuningFailed, cached, ensure_tuned, reset  # noqa: E402
 from zoo import ZOO_PYTHON, ZooError, build, call, check_exporter, host, run_ours, run_peer  # noqa: E402
 
 logger = logging.getLogger("e2e")
@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             models.append(model_file(name, args.zoo_python, args.exporter))
         except ModelUnavailable as e:
             rows += unavailable_rows(name, str(e), args.threads)
+    if args.tune and args.retune:
+        for threads in args.threads:
+            reset(threads)
     # tune everything first: measurements then run without a tuning job beside them
     tunings = {m.name: {t: tuning_of(m, t, args) for t in args.threads} for m in models}
     for model in models:
@@ -130,7 +133,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"tuning trials per task (1..{MAX_TRIALS})")
     parser.add_argument("--tune", action=argparse.BooleanOptionalAction, default=True,
                         help="tune models without cached configs (--no-tune: cached only)")
-    parser.add_argument("--retune", action="store_true", help="ignore the cached configs")
+    parser.add_argument("--retune", action="store_true",
+                        help="fresh tuning databases, cached configs ignored (everything "
+                        "requested is tuned again)")
     parser.add_argument("--iterations", type=int, default=10, help="runs per measurement")
     parser.add_argument("--exporter", default="torchscript", choices=("torchscript", "dynamo"))
     parser.add_argument("--zoo-python", type=Path, default=ZOO_PYTHON)

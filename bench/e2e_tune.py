@@ -120,6 +120,12 @@ def tune(model: str, path: Path, threads: int, trials: int) -> Tuning:
     return tuning
 
 
+def reset(threads: int) -> None:
+    """Start the tuning database of ``threads`` afresh: a finished job with the same model and
+    settings would otherwise be reused rather than measured again."""
+    shutil.rmtree(CACHE / f"tuning-t{threads}", ignore_errors=True)
+
+
 def ensure_tuned(model: str, path: Path, threads: int, trials: int, retune: bool) -> Tuning:
     if not retune:
         hit = cached(model, threads, trials)
@@ -134,11 +140,14 @@ def main() -> int:
     parser.add_argument("--name", help="cache name (default: the file's stem)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--trials", type=int, default=MAX_TRIALS)
-    parser.add_argument("--retune", action="store_true", help="ignore the cached configs")
+    parser.add_argument("--retune", action="store_true",
+                        help="a fresh tuning database for this thread count, cache ignored")
     args = parser.parse_args()
     if not 1 <= args.trials <= MAX_TRIALS:
         parser.error(f"--trials must be within 1..{MAX_TRIALS}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.retune:
+        reset(args.threads)
     try:
         tuning = ensure_tuned(args.name or args.model.stem, args.model, args.threads,
                               args.trials, args.retune)
