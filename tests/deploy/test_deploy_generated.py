@@ -61,7 +61,7 @@ def n(op: str, inputs: list[str], output: str, **attrs: Any) -> Any:
 
 def every_op_model() -> Any:
     """A conv feeding every mapped operator (elementwise chains, batch norm, pooling,
-    reductions, softmax, layer norm, concat, slice, split, transpose)."""
+    reductions, softmax, layer norm, concat, slice, split, gather, transpose)."""
     rng = np.random.default_rng(0)
     w = {"w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32) * 0.3,
          "bias": rng.standard_normal((8, 1, 1)).astype(np.float32),
@@ -102,8 +102,10 @@ def every_op_model() -> Any:
         n("Slice", ["e", "st", "en", "ax", "sp"], "sl"),
         helper.make_node("Split", ["e", "sizes"], ["s0", "s1"], name="split", axis=1),
         n("ReduceMax", ["s1"], "rmax", axes=[1], keepdims=0),
+        n("Gather", ["e", "at"], "gat", axis=3),
     ]
-    outputs = dict.fromkeys(["mp", "ap", "cat", "ln", "sl", "s0", "rmax"])
+    w["at"] = np.array(-1, np.int64)
+    outputs = dict.fromkeys(["mp", "ap", "cat", "ln", "sl", "s0", "rmax", "gat"])
     return make_model(nodes, {"x": (1, 4, 10, 9)}, outputs, w, opset=17)
 
 

@@ -226,13 +226,17 @@ def test_data_movement(tiny_model: TinyModel) -> None:
     nodes = [node("Transpose", ["x"], "t", perm=[0, 2, 3, 1]),
              node("Concat", ["x", "x"], "c", axis=2),
              node("Slice", ["x", "st2", "en2", "ax2", "sp2"], "s"),
-             helper.make_node("Split", ["x", "sizes"], ["p0", "p1"], name="split", axis=1)]
-    layers = check(tiny_model(nodes, X, dict.fromkeys(["t", "c", "s", "p0", "p1"]), consts))
+             helper.make_node("Split", ["x", "sizes"], ["p0", "p1"], name="split", axis=1),
+             node("Gather", ["x", "at"], "g", axis=2)]
+    consts["at"] = np.array(-2, np.int64)
+    layers = check(tiny_model(nodes, X, dict.fromkeys(["t", "c", "s", "p0", "p1", "g"]),
+                              consts))
     assert [layer.op.kind for layer in layers] == ["transpose", "concat", "slice", "slice",
-                                                   "slice"]
+                                                   "slice", "slice"]
+    assert layers[5].op.starts == (0, 0, 4, 0)  # type: ignore[attr-defined]
     assert layers[1].op.widths == (30, 30)  # type: ignore[attr-defined]
     assert layers[2].op.steps == (1, 1, 2, 3)  # type: ignore[attr-defined]
-    assert [layer.nodes for layer in layers[3:]] == [("split",), ("split",)]
+    assert [layer.nodes for layer in layers[3:5]] == [("split",), ("split",)]
 
 
 # --- refusals ------------------------------------------------------------------------------
@@ -249,11 +253,12 @@ def test_refusals_stay_numpy(tiny_model: TinyModel) -> None:
              helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["bn"],
                               name="bn"),  # parameters are graph inputs, not constants
              node("Reshape", ["x", "shape"], "view"),
+             node("Gather", ["x", "two"], "gather2"),  # more than one index
              node("Add", ["e", "e"], "folded")]  # constant: the runner folds it
     inputs = {"x": (2, 8, 6, 2), **{n: (8,) for n in "gbmv"}}
-    weights = {**consts, "shape": np.array([2, -1], np.int64)}
+    weights = {**consts, "shape": np.array([2, -1], np.int64), "two": np.array([0, 1], np.int64)}
     assert plan(tiny_model(nodes, inputs, dict.fromkeys(
-        ["pow", "sm", "rm", "neg_step", "bn", "view", "folded"]), weights)) == []
+        ["pow", "sm", "rm", "neg_step", "bn", "view", "gather2", "folded"]), weights)) == []
 
 
 def test_dynamic_and_non_float_tensors_stay_numpy(tiny_model: TinyModel) -> None:

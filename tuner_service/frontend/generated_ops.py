@@ -1,5 +1,5 @@
 """Single ONNX nodes as generated operators: reductions, pooling, softmax, layer norm, concat,
-slices and transposes.
+slices (Slice, Split, a Gather of one index) and transposes.
 
 Each mapper turns one node into one layer (Split into one ``Slice`` per output) or raises
 ``Refused``. The ONNX semantics that differ by opset (Softmax's axis, attributes that became
@@ -181,6 +181,22 @@ def split(node: onnx.NodeProto, index: int, context: PlanContext) -> list[Genera
     return layers
 
 
+def gather(node: onnx.NodeProto, index: int, context: PlanContext) -> list[GeneratedLayer]:
+    """``x[:, 0]`` (a Gather of one constant index, as ViT's class token is read) is a slice."""
+    shape = context.shape(node.input[0])
+    picked = context.small(node.input[1])
+    axis = axis_of(int(attr(node, "axis", 0)), len(shape))
+    if picked.size != 1 or picked.dtype.kind not in "iu":
+        raise Refused("a Gather of more than one constant index")
+    at = int(picked.reshape(-1)[0])
+    if not -shape[axis] <= at < shape[axis]:
+        raise Refused(f"Gather index {at} is out of range")
+    first = [at % shape[axis] if a == axis else 0 for a in range(len(shape))]
+    out = [1 if a == axis else d for a, d in enumerate(shape)]
+    return [_slice_layer(shape, first, [1] * len(shape), out, [index], node.input[0],
+                         node.output[0], context)]
+
+
 def _slice_layer(shape: tuple[int, ...], first: list[int], step: list[int], out: list[int],
                  nodes: list[int], source: str, output: str, context: PlanContext
                  ) -> GeneratedLayer:
@@ -203,5 +219,6 @@ MAPPERS: dict[str, Mapper] = {
     "GlobalAveragePool": global_pool, "GlobalMaxPool": global_pool,
     "MaxPool": pool2d, "AveragePool": pool2d,
     "Softmax": softmax, "LogSoftmax": softmax, "LayerNormalization": layer_norm,
-    "Concat": concat, "Slice": slice_node, "Split": split, "Transpose": transpose,
+    "Concat": concat, "Slice": slice_node, "Split": split, "Gather": gather,
+    "Transpose": transpose,
 }
