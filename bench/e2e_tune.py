@@ -81,10 +81,14 @@ def cached(model: str, threads: int, trials: int | None) -> Tuning | None:
     configs, meta = cache_files(model, threads)
     if not (configs.exists() and meta.exists()):
         return None
-    data = json.loads(meta.read_text())
-    if trials is not None and data["trials_per_task"] != trials:
+    try:
+        data = json.loads(meta.read_text())
+        if trials is not None and data["trials_per_task"] != trials:
+            return None
+        return Tuning(**{**data, "configs": configs, "origin": "cache"})
+    except (ValueError, KeyError, TypeError):  # written by an older version: tune again
+        logger.info("ignoring %s: not a tuning record of this version", meta)
         return None
-    return Tuning(**{**data, "configs": configs, "origin": "cache"})
 
 
 def tune(model: str, path: Path, threads: int, trials: int) -> Tuning:

@@ -99,3 +99,5 @@ def test_tuning_cache_is_keyed_by_model_threads_and_device_class(
     assert hit is not None and hit.origin == "cache" and hit.trials == 96
     assert e2e_tune.cached("resnet18", 2, 32) is None  # another budget: tune again
     assert e2e_tune.cached("resnet18", 1, None) is None
+    meta.write_text('{"trials_per_task": 8, "trials": 96}')  # an older record: tune again
+    assert e2e_tune.cached("resnet18", 2, 8) is None
