@@ -112,7 +112,7 @@ class Agent:
         # This thread and those it starts (feed, heartbeat) stay off the timing core.
         layout = self.measurer.layout
         cores = layout.building(1) if self.measurer.overlap else layout.all()
-        with pinned(cores), Heartbeat(self.client, self.worker_id, self.held,
+        with pinned(cores), Heartbeat(self.client, lambda: self.worker_id, self.held,
                                       self.heartbeat_s), feed:
             while not self.stop.is_set() and feed.error is None:
                 if not feed.wait_for_work(self.settings.poll_s):

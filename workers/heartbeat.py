@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from workers.client import ServerClient
 from workers.errors import WorkerError
@@ -35,12 +35,13 @@ class HeldItems:
 
 
 class Heartbeat:
-    """Posts a heartbeat every ``interval_s`` while items are held. A context manager."""
+    """Posts a heartbeat every ``interval_s`` while items are held. A context manager.
+    ``worker_id`` may be a function: a worker that registers again gets a new id meanwhile."""
 
-    def __init__(self, client: ServerClient, worker_id: str, held: HeldItems,
-                 interval_s: float) -> None:
+    def __init__(self, client: ServerClient, worker_id: str | Callable[[], str],
+                 held: HeldItems, interval_s: float) -> None:
         self._client = client
-        self._worker_id = worker_id
+        self._worker_id = worker_id if callable(worker_id) else (lambda: worker_id)
         self._held = held
         self._interval_s = max(0.05, interval_s)
         self._done = threading.Event()
@@ -62,7 +63,7 @@ class Heartbeat:
             if not ids:
                 continue
             try:
-                answer = self._client.heartbeat(self._worker_id, ids)
+                answer = self._client.heartbeat(self._worker_id(), ids)
             except WorkerError as e:
                 logger.warning("heartbeat failed (leases may lapse): %s", e)
                 continue

@@ -4,7 +4,6 @@ across candidates, the feed thread (prefetched claims, batched reports) and resu
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -156,16 +155,16 @@ def test_results_carry_their_time_split(stub_server: StubServer, tmp_path: Path)
     settings = WorkerSettings(server=stub_server.url, token="secret", device_key="test-cpu",
                               backend="fake", backend_options=options,
                               spool_dir=tmp_path / "spool", max_idle_s=0.5, poll_s=0.1,
-                              report_interval_s=0.2)
+                              report_interval_s=1.0)
     assert run_worker(settings) == 0
     assert sorted(stub_server.results) == list(range(8))
+    assert stub_server.reports < 8  # in batches, not one request per result
     for result in stub_server.results.values():
         timings = result["timings"]
         assert list(timings) == list(STAGES) and all(v >= 0 for v in timings.values())
         assert timings["build_s"] >= 0.04 and timings["claim_s"] > 0
         assert "finished_at" not in result
     assert max(r["timings"]["report_s"] for r in stub_server.results.values()) > 0
-    assert threading.active_count() >= 1
 
 
 def test_builds_stay_off_the_timing_cores_and_their_smt_siblings(tmp_path: Path) -> None:
