@@ -278,3 +278,20 @@ def test_tuned_layers_keep_their_nodes(sample_model: Any) -> None:
     planned = [n for layer in plan_generated(proto, layers) for n in layer.nodes]
     assert not covered & set(planned) and len(planned) == len(set(planned))
     assert "avgpool" in planned
+
+
+def test_a_missing_operator_class_leaves_its_nodes_to_numpy(tiny_model: TinyModel,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    import tuner_service.frontend.generated_context as context
+    from schedule_templates.ops.base import GeneratedOpError, op_from_json
+
+    def without_softmax(data: Any) -> Any:
+        if data["kind"] == "softmax":
+            raise GeneratedOpError("unknown generated operator 'softmax'")
+        return op_from_json(data)
+
+    monkeypatch.setattr(context, "op_from_json", without_softmax)
+    model = tiny_model([node("Relu", ["x"], "r"), node("Softmax", ["r"], "s"),
+                        node("Neg", ["s"], "y")], X, {"y": None})
+    assert [layer.nodes for layer in plan(model)] == [("r",), ("y",)]
