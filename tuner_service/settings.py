@@ -31,8 +31,10 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
 
     # Work queue
-    lease_s: float = Field(default=60.0, gt=0)
-    heartbeat_s: float = Field(default=15.0, gt=0)
+    #: short, and renewed by each heartbeat of the worker holding the items, so a dead
+    #: worker's candidates are measured again after about two heartbeat periods
+    lease_s: float = Field(default=25.0, gt=0)
+    heartbeat_s: float = Field(default=10.0, gt=0)
     claim_max_wait_s: float = Field(default=30.0, ge=0)
     claim_max_items: int = Field(default=64, ge=1)
     max_attempts: int = Field(default=3, ge=1)
@@ -43,6 +45,9 @@ class Settings(BaseSettings):
     #: more in flight per live worker able to serve a job: its depth is
     #: max(queue_depth, queue_per_worker x live workers), so added workers do not idle
     queue_per_worker: int = Field(default=2, ge=0)
+    #: and enough for this many seconds of results at the rate they arrive, so the queue
+    #: outlasts a round of model refits (``jobs.driver``)
+    queue_ahead_s: float = Field(default=3.0, ge=0, le=600)
     driver_interval_s: float = Field(default=0.5, gt=0)
     #: how a job shares its slots among tasks: by expected end-to-end latency saved per trial
     #: ("gradient") or in turn ("round-robin"); see tuner_service/jobs/scheduler.py

@@ -47,7 +47,7 @@ def _seed_old_rows(url: str) -> None:
 def test_upgrade_from_0002_migrates_existing_rows(database_url: str) -> None:
     upgrade(database_url, "0002")
     _seed_old_rows(database_url)
-    upgrade(database_url)
+    upgrade(database_url, "0003")
     assert current_revision(database_url) == "0003"
     engine = make_engine(database_url)
     try:
@@ -101,5 +101,5 @@ def test_downgrade_keeps_the_fastest_entry_per_workload(database_url: str) -> No
     finally:
         engine.dispose()
     assert left == [0.002]
-    upgrade(database_url)
+    upgrade(database_url, "0003")
     assert current_revision(database_url) == "0003"

@@ -8,7 +8,9 @@ Two kinds of numbers:
   transaction counts nothing. Each API replica counts its own: sum them in queries.
 * gauges read from the shared database at scrape time with a few grouped queries on indexed
   columns: queue depth (queued and leased measurements per target and device), workers online,
-  jobs by status. Every replica reports the same values: use ``max()`` across replicas.
+  jobs by status, and each worker's median time per candidate by part (wait, claim, build,
+  check, measure, report; over its results of the last ``TIMING_WINDOW_S``). Every replica
+  reports the same values: use ``max()`` across replicas.
 
 One registry per app (no global state), so several apps in one process (tests) never mix.
 """
@@ -41,6 +43,7 @@ from tuner_service.db.engine import Database
 from tuner_service.db.errors import TunerServiceError
 from tuner_service.db.models import Job, Measurement, Worker
 from tuner_service.jobs.results import STORED_RESULTS_INFO
+from tuner_service.jobs.timings import timing_medians
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,8 @@ logger = logging.getLogger(__name__)
 ONLINE_HEARTBEATS = 3
 QUEUE_STATES = ("queued", "leased")
 JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+#: the window of the time-split medians (as the dashboard's workers view)
+TIMING_WINDOW_S = 300.0
 
 
 def error_label(kind: int) -> str:
@@ -70,7 +75,8 @@ class DatabaseCollector(Collector):
                                "1 when the last scrape could read the database")
         try:
             with self._db.read_session() as session:  # a scrape never takes the write lock
-                families = [self._queue(session), self._workers(session), self._jobs(session)]
+                families = [self._queue(session), self._workers(session), self._jobs(session),
+                            self._timings(session)]
         except TunerServiceError as e:
             logger.warning("metrics: database unavailable: %s", e)
             up.add_metric([], 0.0)
@@ -110,6 +116,16 @@ class DatabaseCollector(Collector):
             family.add_metric([device_key, target], float(count))
         if not rows:
             family.add_metric(["", ""], 0.0)
+        return family
+
+    def _timings(self, session: Session) -> Metric:
+        family = GaugeMetricFamily(
+            "tuner_worker_time_per_candidate_seconds", "Median seconds per candidate a worker "
+            f"spent in each part of its pipeline, over its results of the last "
+            f"{TIMING_WINDOW_S:.0f} s", labels=["worker_id", "part"])
+        for worker_id, medians in sorted(timing_medians(session, TIMING_WINDOW_S).items()):
+            for part, seconds in medians.items():
+                family.add_metric([str(worker_id), part.removesuffix("_s")], seconds)
         return family
 
     def _jobs(self, session: Session) -> Metric:

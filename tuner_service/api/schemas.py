@@ -11,7 +11,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -213,6 +215,25 @@ class ClaimAnswer(BaseModel):
     items: list[dict[str, Any]]
 
 
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS)]
+
+
+class TimingsIn(Body):
+    """Where a worker's time for one candidate went (``jobs.results.TIMING_PARTS``), each part
+    optional: seconds waiting for work, claiming, building, checking, measuring, reporting."""
+
+    wait_s: Seconds | None = None
+    claim_s: Seconds | None = None
+    build_s: Seconds | None = None
+    check_s: Seconds | None = None
+    measure_s: Seconds | None = None
+    report_s: Seconds | None = None
+
+    def to_json(self) -> dict[str, float] | None:
+        parts = self.model_dump(exclude_none=True)
+        return parts or None
+
+
 class ResultIn(Body):
     measure_id: Id
     costs: list[float] = Field(default_factory=list, max_length=10_000)
@@ -227,6 +248,8 @@ class ResultIn(Body):
     threads: int | None = None
     noisy: bool = False
     load: float | None = None
+    #: the worker's time split for this candidate; context too: an unreadable one is dropped
+    timings: TimingsIn | None = None
     #: set by the server while decoding (whatever a client sends is overwritten): why this one
     #: result is refused while the rest of its batch is stored
     invalid: str = Field(default="", exclude=True)
@@ -240,6 +263,16 @@ class ResultIn(Body):
     @classmethod
     def _context(cls, value: Any, info: ValidationInfo) -> Any:
         return device_context(info.field_name or "", value)
+
+    @field_validator("timings", mode="wrap")
+    @classmethod
+    def _readable_timings(cls, value: Any, handler: ValidatorFunctionWrapHandler
+                          ) -> TimingsIn | None:
+        try:
+            timings: TimingsIn | None = handler(value)
+        except ValidationError:
+            return None
+        return timings
 
     @field_validator("peak_gflops")
     @classmethod
@@ -281,6 +314,10 @@ def clean_result(data: Any) -> Any:
         value = data.get(key)
         if isinstance(value, float) and not math.isfinite(value):
             data[key] = None
+    timings = data.get("timings")
+    if isinstance(timings, dict) and any(isinstance(v, float) and not math.isfinite(v)
+                                         for v in timings.values()):
+        data["timings"] = None  # context: dropped, as an unreadable peak
     costs = data.get("costs")
     data["invalid"] = ""
     if isinstance(costs, list) and any(isinstance(c, float) and not math.isfinite(c)

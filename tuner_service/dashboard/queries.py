@@ -18,6 +18,7 @@ from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task, TuningLogEntry
 from tuner_service.jobs import log
 from tuner_service.jobs.health import job_health
+from tuner_service.jobs.timings import timing_medians
 from tuner_service.jobs.views import iso, job_summary
 
 #: the columns of one point, in the order each point's list holds them
@@ -175,7 +176,7 @@ def job_snapshot(session: Session, job: Job, since_id: int) -> dict[str, Any]:
 
 
 def worker_stats(session: Session, heartbeat_s: float) -> list[dict[str, Any]]:
-    """Each worker with its throughput and error mix over recent windows."""
+    """Each worker with its throughput, error mix and time split over recent windows."""
     workers = log.workers(session, heartbeat_s)
     recent = Measurement.finished_at >= utcnow_plus(-RATE_WINDOW_S)
     rows = session.execute(
@@ -192,11 +193,13 @@ def worker_stats(session: Session, heartbeat_s: float) -> list[dict[str, Any]]:
         stats["recent"] += int(recent_count or 0)
         if kind:
             stats["errors"][str(kind)] = stats["errors"].get(str(kind), 0) + count
+    medians = timing_medians(session, RATE_WINDOW_S)
     for w in workers:
         stats = by_worker.get(w["worker_id"], {"measured": 0, "recent": 0, "errors": {}})
         w["candidates_per_min"] = stats["recent"] / (RATE_WINDOW_S / 60.0)
         w["measured_last_hour"] = stats["measured"]
         w["errors_last_hour"] = stats["errors"]
+        w["timing_medians_s"] = medians.get(w["worker_id"], {})
     return workers
 
 

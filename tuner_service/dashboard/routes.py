@@ -47,7 +47,7 @@ def dashboard_job(
 @api.get("/workers")
 def dashboard_workers(_reader: UserReader, session: SessionDep, settings: SettingsDep
                       ) -> dict[str, Any]:
-    """Workers with online state, throughput and error mix."""
+    """Workers with online state, throughput, error mix and median time split per candidate."""
     return {"workers": queries.worker_stats(session, settings.heartbeat_s),
             "heartbeat_s": settings.heartbeat_s,
             "rate_window_s": queries.RATE_WINDOW_S, "error_window_s": queries.ERROR_WINDOW_S,

@@ -106,6 +106,9 @@ class Measurement(Base):
     __table_args__ = (
         Index("ix_measurements_claim", "state", "target", "device_key", "id"),
         Index("ix_measurements_workload", "workload_key", "target"),
+        Index("ix_measurements_lease", "state", "lease_expires_at"),
+        Index("ix_measurements_finished", "finished_at", "worker_id"),
+        Index("ix_measurements_task_state", "job_task_id", "state"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -140,6 +143,9 @@ class Measurement(Base):
     load: Mapped[float | None] = mapped_column(Float)
     #: "tune" (a trial of the search) or "confirm" (a re-measurement of a top candidate)
     purpose: Mapped[str] = mapped_column(String(16), default="tune", server_default="tune")
+    #: where the worker's time for this candidate went (``jobs.reports.TIMING_PARTS``
+    #: seconds, each optional), as it reported it; None before 0004 or when it sent none
+    timings: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     worker_id: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
     claimed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
@@ -148,6 +154,7 @@ class Measurement(Base):
 
 class Worker(Base):
     __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_online", "target", "device_key", "last_heartbeat"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), default="")

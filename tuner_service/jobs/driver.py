@@ -3,11 +3,19 @@
 Only the process holding a job's driver lease (a row lease on the database clock, renewed every
 step) drives it, so several server processes can share one database. The strategy lives in the
 tuners and the task scheduler; this loop only leases, records and hands out.
+
+Candidates are proposed ahead of the workers: a job keeps in flight what its live workers hold
+plus ``queue_ahead_s`` seconds of work at the rate its results arrive. When fewer than half of
+those are still queued, a step queues new candidates from the models the tuners have *before*
+it refits them on the new results, so claims keep finding work while a refit runs; refits are
+paced (``JobRun.learn``) so one step never spends more than ``LEARN_BUDGET_S`` on them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -30,6 +38,26 @@ from tuner_service.settings import Settings
 logger = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
+#: seconds of model refits one job's step may spend; the rest wait for the next step
+LEARN_BUDGET_S = 0.5
+#: least pause between steps: a burst of wake-ups (every report wakes the driver) must not
+#: turn the driver into a busy loop that starves the request threads
+MIN_STEP_GAP_S = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Depth:
+    """How many candidates a job should have in flight, and how many it has queued."""
+
+    target: int
+    #: candidates the workers are taking now (their leases plus the queue-ahead)
+    demand: int
+    queued: int
+
+    @property
+    def starving(self) -> bool:
+        """Fewer queued than half the queue-ahead: refill before refitting."""
+        return self.demand > 0 and self.queued * 2 < self.demand
 
 
 def new_owner_id() -> str:
@@ -72,6 +100,7 @@ class JobDriver:
             except Exception:
                 logger.exception("job driver step failed")
                 self._runs.clear()
+            self._stop.wait(min(MIN_STEP_GAP_S, self.settings.driver_interval_s))
             self._wake.wait(self.settings.driver_interval_s)
             self._wake.clear()
 
@@ -103,19 +132,24 @@ class JobDriver:
         return owned
 
     def _drive(self, job_id: int) -> None:
-        """Read results (one transaction), learn and propose (none), record (another)."""
+        """Read results (one transaction), learn and propose (none), record (another); when
+        the queue runs low, propose and record first and learn after."""
         try:
             run, observed, depth = self._observe(job_id)
             if run is None:
                 return
-            run.learn(observed)
-            proposals = run.propose(depth, self.settings.batch_size)
+            run.hold(observed)
+            if not depth.starving:
+                run.learn([], LEARN_BUDGET_S)
+            proposals = run.propose(depth.target, self.settings.batch_size, depth.demand)
             with self.db.session() as session:
                 if self._locked_job(session, job_id) is None:
                     return
                 finished = run.record(session, proposals)
             if finished:
                 self._runs.pop(job_id, None)
+            elif depth.starving:
+                run.learn([], LEARN_BUDGET_S)
         except DatabaseError:
             self._runs.pop(job_id, None)  # rebuilt from what was committed
             raise
@@ -126,12 +160,12 @@ class JobDriver:
             logger.exception("job %d: driver bug", job_id)
             self._fail(job_id, f"internal error: {type(e).__name__}: {e}")
 
-    def _observe(self, job_id: int) -> tuple[JobRun | None, Observed, int]:
+    def _observe(self, job_id: int) -> tuple[JobRun | None, Observed, Depth]:
         """The job's run with its new results, and how many candidates it may have in flight."""
         with self.db.session() as session:
             job = self._locked_job(session, job_id)
             if job is None:
-                return None, [], 0
+                return None, [], Depth(0, 0, 0)
             run = self._runs.get(job_id)
             if run is None:
                 scheduler = make_scheduler(self.settings.task_scheduler,
@@ -139,14 +173,20 @@ class JobDriver:
                 policy = ConfirmPolicy(self.settings.confirm_top, self.settings.confirm_rounds)
                 run = JobRun.rebuild(session, job, scheduler, policy)
                 self._runs[job_id] = run
-            return run, run.observe(session), self._queue_depth(session, job)
+            observed = run.observe(session)
+            return run, observed, self._queue_depth(session, job, run)
 
-    def _queue_depth(self, session: Session, job: Job) -> int:
-        depth, per_worker = self.settings.queue_depth, self.settings.queue_per_worker
-        if not per_worker:
-            return depth
-        live = live_workers(session, job.target, job.device_key, self.settings.lease_s)
-        return max(depth, per_worker * live)
+    def _queue_depth(self, session: Session, job: Job, run: JobRun) -> Depth:
+        """At least ``queue_depth``; more for more live workers; and what the workers lease
+        plus ``queue_ahead_s`` of work at the rate results arrive."""
+        settings = self.settings
+        flight = run.in_flight(session)
+        ahead = math.ceil(run.finish_rate * settings.queue_ahead_s)
+        demand = flight.get("leased", 0) + ahead if ahead else 0
+        if settings.queue_per_worker:
+            live = live_workers(session, job.target, job.device_key, settings.lease_s)
+            demand = max(demand, settings.queue_per_worker * live)
+        return Depth(max(settings.queue_depth, demand), demand, flight.get("queued", 0))
 
     def _locked_job(self, session: Session, job_id: int) -> Job | None:
         """The job if this driver still holds it. The row lock orders a driver write with a

@@ -14,11 +14,13 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
 from schedule_templates.records import ErrorKind, MeasureResult
+from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, JobTask, Measurement, Worker
 from tuner_service.jobs.device import class_of_hardware
-from tuner_service.jobs.results import Lease, Measured, Outcome, store_result
+from tuner_service.jobs.reports import Reported, store_reported
+from tuner_service.jobs.results import store_result
 from tuner_service.jobs.templates import SpaceCache
 
 logger = logging.getLogger(__name__)
@@ -83,18 +85,19 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
     return sorted(session.scalars(stmt).all())
 
 
-def claimed_items(session: Session, ids: Sequence[int], default_options: dict[str, Any]
-                  ) -> list[dict[str, Any]]:
+def claimed_items(session: Session, ids: Sequence[int], default_options: dict[str, Any],
+                  spaces: SpaceCache | None = None) -> list[dict[str, Any]]:
     """The protocol items for freshly claimed ids; configs that fail validation against their
-    template's space are recorded as instantiation errors instead of being handed out."""
+    template's space are recorded as instantiation errors instead of being handed out.
+    ``spaces``: built spaces to reuse (a server keeps one across claims)."""
     rows = session.execute(
         select(Measurement, Job.options, Job.threads)
         .outerjoin(JobTask, JobTask.id == Measurement.job_task_id)
         .outerjoin(Job, Job.id == JobTask.job_id)
-        .where(Measurement.id.in_(ids))
+        .where(ids_in(session, Measurement.id, ids))
         .order_by(Measurement.id)
     ).all()
-    spaces = SpaceCache()
+    spaces = spaces if spaces is not None else SpaceCache()
     items = []
     for m, options, threads in rows:
         try:
@@ -161,79 +164,55 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
     return len(requeued), len(poisoned)
 
 
-def claim_batch(db: Database, worker_id: int, max_items: int, lease_s: float,
-                default_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """One claim attempt in its own transaction (the long-poll calls this repeatedly)."""
+def claim_batch(db: Database, worker: Worker, max_items: int, lease_s: float,
+                default_options: dict[str, Any], spaces: SpaceCache | None = None
+                ) -> list[dict[str, Any]]:
+    """One claim attempt in its own transaction (the long-poll calls this repeatedly): the
+    worker's heartbeat, one guarded UPDATE and one read of the items, whatever ``max_items``.
+    ``worker``: the row the request authorised (its target and device key are all we need)."""
     def attempt(session: Session) -> list[dict[str, Any]]:
-        worker = session.get(Worker, worker_id)
-        if worker is None:
-            return []
-        touch_worker(session, worker_id)
+        touch_worker(session, worker.id)
         ids = claim(session, worker, max_items, lease_s)
-        return claimed_items(session, ids, default_options) if ids else []
+        return claimed_items(session, ids, default_options, spaces) if ids else []
 
     return db.run(attempt)
 
 
-def report_results(session: Session, worker: Worker,
-                   results: Sequence[tuple[int, MeasureResult, float | None, str]],
-                   measured: Mapping[int, Measured] | None = None) -> dict[str, Any]:
-    """Store each (measure id, result, peak GFLOPS, problem found while decoding) of a worker.
+def report_results(session: Session, worker: Worker, reported: Sequence[Reported],
+                   problems: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """Store a worker's results in one transaction (``reports.store_reported``).
 
     A result counts only on the worker's own live lease. Every result gets a status in
     ``statuses`` (accepted, duplicate, rejected, expired, not_leased_by_you, unknown); the
     older ``accepted``/``duplicates``/``rejected`` lists hold the same ids (refused ones are in
     ``rejected`` with their reason), so a worker drops every one of them from its spool.
-    ``measured``: the device class and threads per measure id, as the worker reported them
-    (a result without a class gets the one the worker registered with).
+    ``problems``: why a result was refused while decoding (it is then not stored). A result
+    without a device class gets the one the worker registered with.
     """
-    registered = Measured(class_of_hardware(worker.hardware))
+    registered = class_of_hardware(worker.hardware)
     touch_worker(session, worker.id)
+    found = [(problems or {}).get(r.measure_id) or _result_problem(r.result) for r in reported]
+    storable = [r if r.device.device_class is not None else dataclasses.replace(
+        r, device=dataclasses.replace(r.device, device_class=registered))
+        for r, problem in zip(reported, found, strict=True) if not problem]
+    stored = iter(store_reported(session, worker.id, worker.device_key, storable))
     answer: dict[str, Any] = {"accepted": [], "duplicates": [], "rejected": [], "statuses": []}
-    lease = Lease(worker.id, worker.device_key)
-    for measure_id, result, peak, problem in results:
-        problem = problem or _result_problem(result)
-        if problem:
-            status = "rejected"
-        else:
-            device = (measured or {}).get(measure_id) or registered
-            if device.device_class is None:
-                device = dataclasses.replace(device, device_class=registered.device_class)
-            outcome = store_result(session, measure_id, result, peak, worker.id, lease=lease,
-                                   device=device)
-            status, problem = _status(session, worker.id, measure_id, outcome)
-        answer["statuses"].append({"measure_id": measure_id, "status": status,
-                                   "reason": problem})
+    for item, problem in zip(reported, found, strict=True):
+        status, reason = ("rejected", problem) if problem else next(stored)
+        answer["statuses"].append({"measure_id": item.measure_id, "status": status,
+                                   "reason": reason})
         if status == "accepted":
-            answer["accepted"].append(measure_id)
+            answer["accepted"].append(item.measure_id)
         elif status == "duplicate":
-            answer["duplicates"].append(measure_id)
+            answer["duplicates"].append(item.measure_id)
         else:
-            answer["rejected"].append({"measure_id": measure_id,
-                                       "reason": f"{status}: {problem}" if problem else status})
+            answer["rejected"].append({"measure_id": item.measure_id,
+                                       "reason": f"{status}: {reason}" if reason else status})
     refused = [s for s in answer["statuses"] if s["status"] in ("expired", "not_leased_by_you")]
     if refused:
         logger.warning("worker %d reported %d result(s) it holds no live lease for: %s",
                        worker.id, len(refused), [s["measure_id"] for s in refused[:10]])
     return answer
-
-
-def _status(session: Session, worker_id: int, measure_id: int, outcome: Outcome
-            ) -> tuple[str, str]:
-    """The protocol status of one stored (or refused) result, with a reason when refused."""
-    if outcome is Outcome.ACCEPTED:
-        return "accepted", ""
-    if outcome is Outcome.DUPLICATE:
-        return "duplicate", ""
-    if outcome is Outcome.UNKNOWN:
-        return "unknown", "unknown measure_id"
-    row = session.execute(
-        select(Measurement.state, Measurement.lease_owner,
-               Measurement.lease_expires_at < utcnow())
-        .where(Measurement.id == measure_id)).first()
-    if row is not None and row[0] == "leased" and row[1] == worker_id and row[2]:
-        return "expired", "the lease expired before the result arrived; it is measured again"
-    return "not_leased_by_you", "this worker holds no lease on the measurement"
 
 
 def _result_problem(result: MeasureResult) -> str:

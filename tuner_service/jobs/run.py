@@ -3,6 +3,12 @@
 A ``JobRun`` is only ever advanced inside a session by the process holding the job's driver
 lease. If a step's transaction fails, the caller drops the run and rebuilds it from the
 database, so tuner state never holds proposals that were not stored.
+
+Learning is paced: a tuner's ``tell`` refits its model, which costs far more than proposing
+from the model it has. Results wait per task until told, and one ``learn`` call tells tasks
+(the longest-waiting first) only until its time budget is spent, so a job with many workers
+refits each task on larger batches instead of falling behind. Under load the driver tops the
+queue up before it learns (``jobs.driver``), so a claim never waits on a refit.
 """
 
 from __future__ import annotations
@@ -10,16 +16,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import uuid
 from collections import defaultdict
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.records import MeasureResult
 from schedule_templates.space import ConfigSpace
 from schedule_templates.workloads import parse_workload
+from tuner_service.db.bulk import ids_in, insert_rows
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import Job, JobTask, Measurement, Task, Worker
 from tuner_service.jobs import confirm
@@ -35,6 +44,11 @@ from tuner_service.tuners import TRANSFER_TUNERS, Tuner, make_tuner
 logger = logging.getLogger(__name__)
 
 PENDING = ("queued", "leased")
+#: what ``observe`` reads of a finished candidate: enough to tell its tuner, no ORM objects
+RESULT_COLUMNS = (Measurement.id, Measurement.state, Measurement.job_task_id,
+                  Measurement.config_index, Measurement.costs, Measurement.error_kind,
+                  Measurement.error_message, Measurement.compile_time_s,
+                  Measurement.wall_time_s, Measurement.noisy, Measurement.load)
 
 
 @dataclasses.dataclass
@@ -59,6 +73,11 @@ class TaskRun:
     #: re-measurements of the top candidates in flight (``jobs.confirm``)
     confirming: set[int] = dataclasses.field(default_factory=set)
     confirm_started: bool = False
+    #: finished measurements not yet told to the tuner: (config indices, results)
+    untold: tuple[list[int], list[MeasureResult]] = dataclasses.field(
+        default_factory=lambda: ([], []))
+    #: when the oldest untold result arrived (monotonic seconds), None when none waits
+    untold_since: float | None = None
 
     def load(self) -> TaskLoad:
         stopped = self.finished or self.exhausted or self.stalled
@@ -81,6 +100,9 @@ class JobRun:
         self.scheduler = scheduler
         self.policy = policy or ConfirmPolicy()
         self._backlog: Observed = []
+        #: finished measurements per second, smoothed (sizes the queue ahead of the workers)
+        self.finish_rate = 0.0
+        self._rate_at: float | None = None
 
     @classmethod
     def rebuild(cls, session: Session, job: Job, scheduler: TaskScheduler,
@@ -109,15 +131,17 @@ class JobRun:
         Results found while rebuilding are returned first, so ``learn`` replays them."""
         observed, self._backlog = self._backlog, []
         by_id = {mid: t for t in self.tasks for mid in t.pending}
-        done = session.scalars(
-            select(Measurement).where(Measurement.id.in_(list(by_id)),
-                                      Measurement.state.not_in(PENDING)).order_by(Measurement.id)
+        done = session.execute(
+            select(*RESULT_COLUMNS).where(ids_in(session, Measurement.id, list(by_id)),
+                                          Measurement.state.not_in(PENDING))
+            .order_by(Measurement.id)
         ).all() if by_id else []
-        grouped: dict[int, list[Measurement]] = defaultdict(list)
+        grouped: dict[int, list[Any]] = defaultdict(list)
         for m in done:
             by_id[m.id].pending.discard(m.id)
             if m.state == "done":
                 grouped[m.job_task_id or 0].append(m)
+        self._count_finished(len(done))
         observed += [_observation(task, grouped[task.job_task_id]) for task in self.tasks
                      if grouped.get(task.job_task_id)]
         self._observe_confirmations(session)
@@ -136,22 +160,62 @@ class JobRun:
                 Measurement.id.in_(list(confirming)), Measurement.state.not_in(PENDING))):
             confirming[measure_id].confirming.discard(measure_id)
 
+    def _count_finished(self, count: int, horizon_s: float = 2.0) -> None:
+        """Fold ``count`` results finished since the last observe into ``finish_rate``."""
+        now = time.monotonic()
+        if self._rate_at is not None and now > self._rate_at:
+            elapsed = now - self._rate_at
+            keep = math.exp(-elapsed / horizon_s)
+            self.finish_rate = keep * self.finish_rate + (1 - keep) * count / elapsed
+        self._rate_at = now
+
     @staticmethod
-    def learn(observed: Observed) -> None:
-        """Tell each task's tuner its results; outside any transaction (a model fit is slow)."""
+    def hold(observed: Observed) -> None:
+        """Keep results until ``learn`` tells them; their configs are never proposed again,
+        and the task's best-so-far curve (what the scheduler reads) includes them at once."""
+        now = time.monotonic()
         for task, indices, results in observed:
-            task.tuner.tell(indices, results)
+            task.tuner.visited.update(indices)
             task.curve += best_curve(task.curve[-1] if task.curve else math.inf,
                                      [r.mean_cost if r.ok else math.inf for r in results])
+            task.untold[0].extend(indices)
+            task.untold[1].extend(results)
+            task.untold_since = task.untold_since if task.untold_since is not None else now
 
-    def propose(self, queue_depth: int, batch_size: int) -> list[tuple[TaskRun, list[int]]]:
-        """Ask the tuners the scheduler picks for new configs; empty answers mark exhaustion."""
+    def learn(self, observed: Observed, budget_s: float = math.inf) -> int:
+        """Tell the tuners their results (``observed`` and those held), the longest-waiting
+        task first, until ``budget_s`` seconds are spent (at least one task is told); the rest
+        wait for the next call. Outside any transaction (a model fit is slow). Returns the
+        tasks told."""
+        self.hold(observed)
+        now = time.monotonic()
+        waiting = sorted((t for t in self.tasks if t.untold_since is not None),
+                         key=lambda t: t.untold_since or 0.0)
+        told = 0
+        for task in waiting:
+            if told and time.monotonic() - now >= budget_s:
+                break
+            (indices, results), task.untold, task.untold_since = task.untold, ([], []), None
+            task.tuner.tell(indices, results)
+            told += 1
+        return told
+
+    def propose(self, queue_depth: int, batch_size: int, demand: int = 0
+                ) -> list[tuple[TaskRun, list[int]]]:
+        """Ask the tuners the scheduler picks for new configs; empty answers mark exhaustion.
+
+        ``queue_depth``: candidates in flight wanted in all; ``demand``: how many of them the
+        workers are taking now. A task holds at most ``batch_size`` in flight, or its share of
+        ``demand`` when that is more (many workers on few tasks)."""
         in_flight = sum(len(t.pending) for t in self.tasks)
         for task in self.tasks:
             if not (task.finished or task.stalled) and self.scheduler.should_stop(task.load()):
                 task.stalled = True
                 logger.info("job %d: task %s stopped early", self.job_id, task.workload_key)
         loads = [t.load() for t in self.tasks]
+        active = sum(1 for load in loads if load.remaining > 0)
+        if active and demand > 0:
+            batch_size = max(batch_size, math.ceil(demand / active))
         proposals = []
         for position, n in self.scheduler.allocate(loads, queue_depth - in_flight, batch_size):
             task = self.tasks[position]
@@ -164,16 +228,48 @@ class JobRun:
         return proposals
 
     def record(self, session: Session, proposals: list[tuple[TaskRun, list[int]]]) -> bool:
-        """Queue the proposed candidates and finish what is done; True when the job is done."""
-        for task, indices in proposals:
-            rows = [self._measurement(task, i) for i in indices]
-            session.add_all(rows)
-            session.flush()
-            task.pending.update(r.id for r in rows)
-            session.execute(update(JobTask).where(JobTask.id == task.job_task_id,
+        """Queue the proposed candidates (one multi-row INSERT for all of them) and finish what
+        is done; True when the job is done."""
+        rows = [(task, self._measurement(task, i)) for task, indices in proposals
+                for i in indices]
+        if rows:
+            ids = insert_rows(session, cast(Table, Measurement.__table__),
+                              [values for _task, values in rows])
+            for (task, _values), measure_id in zip(rows, ids, strict=True):
+                task.pending.add(measure_id)
+            started = sorted({task.job_task_id for task, _indices in proposals})
+            session.execute(update(JobTask).where(JobTask.id.in_(started),
                                                   JobTask.status == "queued")
-                            .values(status="running"))
+                            .values(status="running")
+                            .execution_options(synchronize_session=False))
+        self._withdraw_stalled(session)
         return self._finish(session)
+
+    def _withdraw_stalled(self, session: Session) -> None:
+        """A task that stopped early gives up its candidates still queued (the ones queued
+        ahead for many workers); those already leased are measured and count."""
+        stalled = [t for t in self.tasks if t.stalled and t.pending]
+        if not stalled:
+            return
+        withdrawn = session.execute(
+            update(Measurement)
+            .where(Measurement.job_task_id.in_([t.job_task_id for t in stalled]),
+                   Measurement.state == "queued")
+            .values(state="cancelled")
+            .returning(Measurement.id, Measurement.job_task_id)
+            .execution_options(synchronize_session=False)).all()
+        by_task = {t.job_task_id: t for t in stalled}
+        for measure_id, job_task_id in withdrawn:
+            by_task[job_task_id].pending.discard(measure_id)
+
+    def in_flight(self, session: Session) -> dict[str, int]:
+        """The job's queued and leased candidates (one grouped count on an index)."""
+        rows = session.execute(
+            select(Measurement.state, func.count())
+            .where(Measurement.job_task_id.in_([t.job_task_id for t in self.tasks]),
+                   Measurement.state.in_(PENDING))
+            .group_by(Measurement.state)).all()
+        return {str(state): int(count) for state, count in rows}
 
     def _finish_message(self, task: TaskRun) -> str:
         if task.done >= task.budget:
@@ -183,14 +279,14 @@ class JobRun:
         return (f"stopped early after {task.done} trials: the best did not improve by "
                 f"{self.scheduler.min_gain:.0%} in the last {self.scheduler.early_stop}")
 
-    def _measurement(self, task: TaskRun, index: int) -> Measurement:
-        return Measurement(
-            uid=uuid.uuid4().hex, job_task_id=task.job_task_id, config_index=index,
-            config=task.space.get(index).to_json(), template=task.template.name,
-            template_version=int(task.template.version), workload_key=task.workload_key,
-            target=self.target, device_key=self.device_key, state="queued", attempts=0,
-            error_message="",
-        )
+    def _measurement(self, task: TaskRun, index: int) -> dict[str, Any]:
+        return {
+            "uid": uuid.uuid4().hex, "job_task_id": task.job_task_id, "config_index": index,
+            "config": task.space.get(index).to_json(), "template": task.template.name,
+            "template_version": int(task.template.version), "workload_key": task.workload_key,
+            "target": self.target, "device_key": self.device_key, "state": "queued",
+            "attempts": 0, "error_message": "", "purpose": "tune",
+        }
 
     def _finish(self, session: Session) -> bool:
         for task in self.tasks:
@@ -216,8 +312,9 @@ class JobRun:
         return True
 
 
-def _observation(task: TaskRun, done: list[Measurement]
+def _observation(task: TaskRun, done: Sequence[Any]
                  ) -> tuple[TaskRun, list[int], list[MeasureResult]]:
+    """``done``: measurements, or rows of ``RESULT_COLUMNS`` (the same attribute names)."""
     return task, [m.config_index for m in done], [measurement_result(m) for m in done]
 
 

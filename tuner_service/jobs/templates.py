@@ -29,18 +29,29 @@ def template_named(name: str) -> Any:
 
 
 class SpaceCache:
-    """Spaces built once per (template, workload) within one request or driver step."""
+    """Spaces built once per (template, workload): within one request or driver step, or for
+    a server's lifetime (claims validate every config they hand out, and building a space
+    costs far more than the claim's own statements).
 
-    def __init__(self) -> None:
+    Safe to share between request threads: an entry is immutable once stored, and two threads
+    building the same one at once store equal values. Past ``max_entries`` it starts over, so
+    a long-lived server's memory stays bounded whatever its jobs' workloads."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
         self._spaces: dict[tuple[str, str], tuple[Any, Workload, ConfigSpace]] = {}
+        self._max_entries = max_entries
 
     def get(self, template_name: str, workload_key: str) -> tuple[Any, Workload, ConfigSpace]:
         key = (template_name, workload_key)
-        if key not in self._spaces:
+        found = self._spaces.get(key)
+        if found is None:
             template = template_named(template_name)
             workload = parse_workload(workload_key)
-            self._spaces[key] = (template, workload, template.space(workload))
-        return self._spaces[key]
+            found = (template, workload, template.space(workload))
+            if len(self._spaces) >= self._max_entries:
+                self._spaces = {}
+            self._spaces[key] = found
+        return found
 
     def validate(self, template_name: str, version: int, workload_key: str,
                  config: Any) -> Config:

@@ -1,4 +1,8 @@
-"""Read models: job status, per-task history, best configs (JSON and AutoTVM lines)."""
+"""Read models: job status, per-task history, best configs (JSON and AutoTVM lines).
+
+Each read issues a fixed number of statements whatever the number of jobs or tasks: the job
+list groups its tasks' progress in one query, best configs join their measurements.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from schedule_templates.workloads import parse_workload
@@ -74,13 +78,20 @@ def job_status(session: Session, job: Job) -> dict[str, Any]:
 
 
 def list_jobs(session: Session, limit: int = 100) -> list[dict[str, Any]]:
+    """The newest jobs with their task count and progress: two statements in all."""
     jobs = session.scalars(select(Job).order_by(Job.id.desc()).limit(limit)).all()
+    progress = {row.job_id: row for row in session.execute(
+        select(JobTask.job_id, func.count().label("tasks"),
+               func.coalesce(func.sum(JobTask.trials_done), 0).label("done"),
+               func.coalesce(func.sum(JobTask.trials_budget), 0).label("budget"))
+        .where(JobTask.job_id.in_([job.id for job in jobs]))
+        .group_by(JobTask.job_id))} if jobs else {}
     out = []
     for job in jobs:
-        rows = job_tasks(session, job.id)
-        out.append({**job_summary(job), "tasks": len(rows),
-                    "trials_done": sum(jt.trials_done for jt, _ in rows),
-                    "trials_budget": sum(jt.trials_budget for jt, _ in rows)})
+        row = progress.get(job.id)
+        out.append({**job_summary(job), "tasks": int(row.tasks) if row else 0,
+                    "trials_done": int(row.done) if row else 0,
+                    "trials_budget": int(row.budget) if row else 0})
     return out
 
 
@@ -111,10 +122,20 @@ def history(session: Session, job_id: int, task_id: int, after: int = 0) -> list
     return out
 
 
+def _with_best(session: Session, job_id: int
+               ) -> list[tuple[JobTask, Task, Measurement | None]]:
+    """The job's tasks with their best measurements, in one joined query."""
+    rows = session.execute(
+        select(JobTask, Task, Measurement).join(Task, Task.id == JobTask.task_id)
+        .outerjoin(Measurement, Measurement.id == JobTask.best_measurement_id)
+        .where(JobTask.job_id == job_id).order_by(JobTask.id)
+    ).all()
+    return [(jt, task, m) for jt, task, m in rows]
+
+
 def best_configs(session: Session, job: Job) -> list[dict[str, Any]]:
     out = []
-    for jt, task in job_tasks(session, job.id):
-        m = session.get(Measurement, jt.best_measurement_id) if jt.best_measurement_id else None
+    for jt, task, m in _with_best(session, job.id):
         out.append({
             **task_status(jt, task), "template_version": jt.template_version,
             "config": m.config if m else None, "measure_id": m.id if m else None,
@@ -136,9 +157,6 @@ def autotvm_record(m: Measurement) -> dict[str, Any]:
 
 
 def autotvm_lines(session: Session, job: Job) -> Iterator[str]:
-    for jt, _task in job_tasks(session, job.id):
-        if jt.best_measurement_id is None:
-            continue
-        m = session.get(Measurement, jt.best_measurement_id)
+    for _jt, _task, m in _with_best(session, job.id):
         if m is not None:
             yield json.dumps(autotvm_record(m)) + "\n"

@@ -14,6 +14,7 @@ from tuner_service.api.deps import (
     DriverDep,
     SessionDep,
     SettingsDep,
+    SpacesDep,
     UserReader,
     WorkerDep,
     WorkerToken,
@@ -32,6 +33,7 @@ from tuner_service.api.schemas import (
 )
 from tuner_service.db.errors import ForbiddenError
 from tuner_service.jobs import log, queue
+from tuner_service.jobs.reports import Reported
 from tuner_service.jobs.results import Measured
 
 router = APIRouter(tags=["workers"])
@@ -73,14 +75,19 @@ async def post_claim(
     worker: WorkerDep,
     db: DbDep,
     settings: SettingsDep,
+    spaces: SpacesDep,
+    driver: DriverDep,
 ) -> ClaimAnswer:
-    """Long-poll: try at once, then every 0.2 s until items arrive or ``wait_s`` passes."""
+    """Long-poll: try at once, then every 0.2 s until items arrive or ``wait_s`` passes.
+    Each try is one short transaction with the same few statements whatever ``max_items``."""
     deadline = time.monotonic() + min(body.wait_s, settings.claim_max_wait_s)
     max_items = min(body.max_items, settings.claim_max_items)
     options = settings.measure_options().to_json()
     while True:
-        items = await run_in_threadpool(queue.claim_batch, db, worker.id, max_items,
-                                        settings.lease_s, options)
+        items = await run_in_threadpool(queue.claim_batch, db, worker, max_items,
+                                        settings.lease_s, options, spaces)
+        if len(items) < max_items and driver is not None:
+            driver.wake()  # the queue ran short: refill it now, not at the next interval
         left = deadline - time.monotonic()
         if items or left <= 0:
             return ClaimAnswer(items=items)
@@ -94,12 +101,14 @@ def post_results(
     db: DbDep,
     driver: DriverDep,
 ) -> dict[str, Any]:
-    # sorted, so concurrent reports take row locks in one order; retried if PostgreSQL still
-    # picks this transaction as a deadlock victim
-    results = sorted(((r.measure_id, r.to_result(), r.peak_gflops, r.invalid)
-                      for r in body.results), key=lambda item: item[0])
-    measured = {r.measure_id: Measured(r.device_class, r.threads) for r in body.results}
-    answer = db.run(lambda session: queue.report_results(session, worker, results, measured))
+    # one transaction for the whole batch (``jobs.reports``), its rows locked in id order;
+    # retried if PostgreSQL still picks it as a deadlock victim
+    reported = sorted((Reported(r.measure_id, r.to_result(), r.peak_gflops,
+                                Measured(r.device_class, r.threads),
+                                r.timings.to_json() if r.timings else None)
+                       for r in body.results), key=lambda item: item.measure_id)
+    problems = {r.measure_id: r.invalid for r in body.results if r.invalid}
+    answer = db.run(lambda session: queue.report_results(session, worker, reported, problems))
     if driver is not None and answer["accepted"]:
         driver.wake()
     return answer

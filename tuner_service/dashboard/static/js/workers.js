@@ -32,6 +32,21 @@ function errorMix(worker) {
     <span class="kinds">${percent(failed / total, 1)} failed · ${esc(text)}</span>`;
 }
 
+// The worker's median seconds per candidate for each part of its pipeline (newest results).
+const PARTS = [["wait_s", "wait"], ["claim_s", "claim"], ["build_s", "build"], ["check_s", "check"],
+  ["measure_s", "measure"], ["report_s", "report"]];
+
+function seconds(s) {
+  return s >= 1 ? `${s.toFixed(2)} s` : `${(s * 1e3).toFixed(s >= 0.01 ? 0 : 1)} ms`;
+}
+
+function timeSplit(worker) {
+  const medians = worker.timing_medians_s || {};
+  const known = PARTS.filter(([key]) => typeof medians[key] === "number");
+  if (!known.length) return `<span class="muted">—</span>`;
+  return `<span class="kinds">${known.map(([key, label]) => `${label} ${esc(seconds(medians[key]))}`).join(" · ")}</span>`;
+}
+
 function row(w) {
   return `<tr>
     <td class="nowrap">${esc(w.name || "worker")} <span class="muted">#${w.worker_id}</span>
@@ -43,7 +58,8 @@ function row(w) {
     <td>${hardware(w.hardware || {})}</td>
     <td class="num">${w.candidates_per_min.toFixed(1)}</td>
     <td class="num">${count(w.measured_last_hour)}</td>
-    <td style="min-width:220px">${errorMix(w)}</td></tr>`;
+    <td style="min-width:220px">${errorMix(w)}</td>
+    <td style="min-width:180px">${timeSplit(w)}</td></tr>`;
 }
 
 export function workersPage({ main, poll }) {
@@ -54,7 +70,8 @@ export function workersPage({ main, poll }) {
       <thead><tr><th scope="col">Worker</th><th scope="col">Device key</th><th scope="col">Target</th>
         <th scope="col">State</th><th scope="col">Last heartbeat</th><th scope="col">Hardware</th>
         <th scope="col" class="num">Candidates / min</th><th scope="col" class="num">Measured (1 h)</th>
-        <th scope="col">Error rate by kind (1 h)</th></tr></thead>
+        <th scope="col">Error rate by kind (1 h)</th>
+        <th scope="col">Time per candidate (median)</th></tr></thead>
       <tbody></tbody></table></div></div>`;
   const body = main.querySelector("tbody");
   poll(async (signal) => {
@@ -65,8 +82,8 @@ export function workersPage({ main, poll }) {
     main.querySelector("#workers-meta").innerHTML =
       `<span><b>${online}</b> online</span><span><b>${workers.length - online}</b> offline</span>`;
     main.querySelector("#workers-caption").textContent =
-      `Online means a heartbeat within ${3 * data.heartbeat_s} s. Candidates per minute over the last ${data.rate_window_s / 60} minutes.`;
+      `Online means a heartbeat within ${3 * data.heartbeat_s} s. Candidates per minute and time split over the last ${data.rate_window_s / 60} minutes.`;
     body.innerHTML = workers.length ? workers.map(row).join("") :
-      `<tr><td colspan="9" class="message">No worker has registered. Attach one with <code>tuner worker --server URL --token TOKEN</code>.</td></tr>`;
+      `<tr><td colspan="10" class="message">No worker has registered. Attach one with <code>tuner worker --server URL --token TOKEN</code>.</td></tr>`;
   }, 5000);
 }

@@ -1,0 +1,181 @@
+"""A worker's batch of results stored in one transaction, with a fixed number of statements.
+
+A report of n results costs the same few round trips whatever n is: one ``SELECT`` reads (and on
+PostgreSQL row-locks, in id order) every reported measurement, Python decides each result's
+status from that snapshot, one ``UPDATE`` (executemany, pipelined by the driver) finishes the
+accepted ones, and two more add their trial counts and bests to their job tasks, grouped per
+task. The rules are those of ``results.store_result`` with a lease: a result counts only on the
+reporting worker's own live lease (database clock) for its device key; a second report of a
+finished measurement by the same worker is a duplicate; anything else changes nothing.
+
+The row locks (PostgreSQL) or the write lock (SQLite's ``BEGIN IMMEDIATE``) keep the snapshot
+true until the transaction ends: a lease cannot lapse into a requeue between the read and the
+update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, or_, select, update
+from sqlalchemy.orm import Session
+
+from schedule_templates.records import MeasureResult
+from tuner_service.db.bulk import ids_in
+from tuner_service.db.clock import utcnow
+from tuner_service.db.models import JobTask, Measurement
+from tuner_service.jobs.results import (
+    CONFIRM,
+    STORED_RESULTS_INFO,
+    Measured,
+    update_tuning_log,
+)
+
+#: the parts of a worker's time per candidate a result may carry (seconds each)
+TIMING_PARTS = ("wait_s", "claim_s", "build_s", "check_s", "measure_s", "report_s")
+
+EXPIRED = "the lease expired before the result arrived; it is measured again"
+NOT_LEASED = "this worker holds no lease on the measurement"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reported:
+    """One decoded result of a worker's report."""
+
+    measure_id: int
+    result: MeasureResult
+    peak_gflops: float | None = None
+    device: Measured = dataclasses.field(default_factory=Measured)
+    timings: dict[str, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """What the report needs to know of one stored measurement."""
+
+    id: int
+    state: str
+    lease_owner: int | None
+    live: bool
+    device_key: str | None
+    worker_id: int | None
+    job_task_id: int | None
+    purpose: str
+
+
+def store_reported(session: Session, worker_id: int, device_key: str,
+                   reported: Sequence[Reported]) -> list[tuple[str, str]]:
+    """(status, reason) of each reported result, in order: accepted, duplicate, expired,
+    not_leased_by_you or unknown. A measure id reported twice in one batch counts once (the
+    second is a duplicate)."""
+    rows = _lock_rows(session, sorted({r.measure_id for r in reported}))
+    statuses: list[tuple[str, str]] = []
+    seen: set[int] = set()
+    accepted: list[Reported] = []
+    for item in reported:
+        status = ("duplicate", "") if item.measure_id in seen else \
+            _judge(rows.get(item.measure_id), worker_id, device_key)
+        seen.add(item.measure_id)
+        statuses.append(status)
+        if status[0] == "accepted":
+            accepted.append(item)
+    if accepted:
+        _finish(session, worker_id, accepted)
+        _count_trials(session, [(rows[r.measure_id], r.result) for r in accepted])
+        _log_unattached(session, [r.measure_id for r in accepted
+                                  if rows[r.measure_id].job_task_id is None and r.result.ok])
+        session.info.setdefault(STORED_RESULTS_INFO, []).extend(
+            int(r.result.error) for r in accepted)
+    return statuses
+
+
+def _lock_rows(session: Session, ids: list[int]) -> dict[int, _Row]:
+    if not ids:
+        return {}
+    query = (select(Measurement.id, Measurement.state, Measurement.lease_owner,
+                    Measurement.lease_expires_at >= utcnow(), Measurement.device_key,
+                    Measurement.worker_id, Measurement.job_task_id, Measurement.purpose)
+             .where(ids_in(session, Measurement.id, ids)).order_by(Measurement.id))
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(of=Measurement)  # id order: reporters never cross locks
+    return {row[0]: _Row(int(row[0]), row[1], row[2], bool(row[3]), row[4], row[5], row[6],
+                         row[7] or "tune")
+            for row in session.execute(query)}
+
+
+def _judge(row: _Row | None, worker_id: int, device_key: str) -> tuple[str, str]:
+    if row is None:
+        return "unknown", "unknown measure_id"
+    mine = row.state == "leased" and row.lease_owner == worker_id
+    if mine and row.live and row.device_key in (None, device_key):
+        return "accepted", ""
+    if row.state == "done" and row.worker_id == worker_id:
+        return "duplicate", ""
+    if mine and not row.live:
+        return "expired", EXPIRED
+    return "not_leased_by_you", NOT_LEASED
+
+
+def _finish(session: Session, worker_id: int, accepted: Sequence[Reported]) -> None:
+    """One UPDATE statement executed for every accepted result (executemany)."""
+    table = cast(Table, Measurement.__table__)
+    columns = ("costs", "mean_cost", "error_kind", "error_message", "compile_time_s",
+               "wall_time_s", "peak_gflops", "device_class", "threads", "noisy", "load",
+               "timings")
+    stmt = (update(table)
+            .where(table.c.id == bindparam("m_id"), table.c.state == "leased",
+                   table.c.lease_owner == worker_id)
+            .values(state="done", worker_id=worker_id, finished_at=utcnow(), lease_owner=None,
+                    lease_expires_at=None, **{c: bindparam(f"m_{c}") for c in columns}))
+    params = []
+    for item in accepted:
+        result, ok = item.result, item.result.ok
+        values: dict[str, Any] = {
+            "id": item.measure_id, "costs": list(result.costs),
+            "mean_cost": result.mean_cost if ok else None, "error_kind": int(result.error),
+            "error_message": result.error_message, "compile_time_s": result.compile_time_s,
+            "wall_time_s": result.wall_time_s, "peak_gflops": item.peak_gflops,
+            "device_class": item.device.device_class, "threads": item.device.threads,
+            "noisy": result.noisy if ok else None, "load": result.load,
+            "timings": item.timings,
+        }
+        params.append({f"m_{k}": v for k, v in values.items()})
+    session.execute(stmt, params)
+
+
+def _count_trials(session: Session, done: Iterable[tuple[_Row, MeasureResult]]) -> None:
+    """Trials and bests of the job tasks the accepted results belong to, one statement each
+    (re-measurements of top candidates are not trials)."""
+    counts: dict[int, int] = {}
+    best: dict[int, tuple[float, int]] = {}
+    for row, result in done:
+        if row.job_task_id is None or row.purpose == CONFIRM:
+            continue
+        counts[row.job_task_id] = counts.get(row.job_task_id, 0) + 1
+        cost = result.mean_cost if result.ok else math.inf
+        if math.isfinite(cost) and cost < best.get(row.job_task_id, (math.inf, 0))[0]:
+            best[row.job_task_id] = (cost, row.id)
+    if not counts:
+        return
+    table = cast(Table, JobTask.__table__)
+    # sorted: concurrent reports lock the shared task rows in one order
+    session.execute(
+        update(table).where(table.c.id == bindparam("t_id"))
+        .values(trials_done=table.c.trials_done + bindparam("t_n")),
+        [{"t_id": t, "t_n": n} for t, n in sorted(counts.items())])
+    if best:
+        session.execute(
+            update(table).where(table.c.id == bindparam("t_id"),
+                                or_(table.c.best_cost.is_(None),
+                                    table.c.best_cost > bindparam("t_cost")))
+            .values(best_cost=bindparam("t_cost"), best_measurement_id=bindparam("t_m")),
+            [{"t_id": t, "t_cost": c, "t_m": m} for t, (c, m) in sorted(best.items())])
+
+
+def _log_unattached(session: Session, ids: Sequence[int]) -> None:
+    """Results of measurements outside any job go to the shared log at once (rare)."""
+    for measurement in session.scalars(select(Measurement).where(Measurement.id.in_(ids))):
+        update_tuning_log(session, measurement, job_id=None)
