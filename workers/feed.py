@@ -113,6 +113,19 @@ class Feed:
     # -- the thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # a bug: stop the worker with it rather than starve it quietly
+            logger.exception("the feed thread failed")
+            self._fail(WorkerError(f"the feed thread failed: {type(e).__name__}: {e}"))
+
+    def _fail(self, error: WorkerError) -> None:
+        self.error = error
+        self._done.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _loop(self) -> None:
         last_report = time.monotonic()
         next_claim = 0.0
         while not self._done.is_set():
@@ -166,10 +179,7 @@ class Feed:
             self._retry_after_s = e.retry_after_s or 0.0
             return False
         except WorkerError as e:
-            self.error = e
-            self._done.set()
-            with self._lock:
-                self._lock.notify_all()
+            self._fail(e)
             return False
         if ok:
             self._backoff.reset()

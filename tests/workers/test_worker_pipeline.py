@@ -181,3 +181,12 @@ def test_builds_stay_off_the_timing_cores_and_their_smt_siblings(tmp_path: Path)
     one_core_two_threads = CoreLayout((0, 1), (frozenset({0, 1}), frozenset({0, 1})))
     assert one_core_two_threads.building(1) == set()
     assert CoreLayout((0, 1)).building(1) == {1} and CoreLayout((0, 1)).building(2) == set()
+
+
+def test_a_bug_in_the_feed_stops_it_with_an_error_instead_of_starving_the_worker() -> None:
+    def broken(wait_s: float, max_items: int) -> list[MeasureTask]:
+        raise KeyError("a bug")
+
+    with Feed(broken, lambda: True, lambda: 0, depth=1, poll_s=0.05) as feed:
+        assert not feed.wait_for_work(5.0)
+    assert feed.error is not None and "KeyError" in str(feed.error)
