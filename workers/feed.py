@@ -23,7 +23,7 @@ from workers.task import MeasureId, MeasureTask
 
 logger = logging.getLogger(__name__)
 
-#: after a claim came back empty while tasks were still queued, wait this long to ask again
+#: after a claim came back empty without a long poll, wait this long (at most) to ask again
 EMPTY_CLAIM_PAUSE_S = 1.0
 #: how often the thread looks at the queue and the spool when nothing wakes it
 IDLE_WAKE_S = 0.05
@@ -127,13 +127,16 @@ class Feed:
 
     def _loop(self) -> None:
         last_report = time.monotonic()
-        next_claim = 0.0
+        next_report = next_claim = 0.0  # the earliest next try after a failure
         while not self._done.is_set():
             now = time.monotonic()
             waiting = self._waiting()
-            if waiting and (waiting >= self.report_batch
-                            or now - last_report >= self.report_interval_s):
-                last_report = now if self._safely(self._report) else now + self._pause()
+            if waiting and now >= next_report and (
+                    waiting >= self.report_batch or now - last_report >= self.report_interval_s):
+                if self._safely(self._report):
+                    last_report = now
+                else:
+                    next_report = time.monotonic() + self._pause()
             with self._lock:
                 queued = len(self._queue)
             if queued < self.depth and now >= next_claim:
@@ -143,8 +146,10 @@ class Feed:
                 got = self._fetch(wait_s, self.depth - queued)
                 if got is None:
                     next_claim = time.monotonic() + self._pause()
-                elif got == 0 and queued:
-                    next_claim = time.monotonic() + EMPTY_CLAIM_PAUSE_S
+                elif got == 0 and (queued or wait_s < self.poll_s):
+                    # nothing, and the server did not hold the request: do not ask at once
+                    next_claim = time.monotonic() + min(EMPTY_CLAIM_PAUSE_S,
+                                                        max(self.poll_s, IDLE_WAKE_S))
                 continue
             self._wake.wait(IDLE_WAKE_S)
             self._wake.clear()

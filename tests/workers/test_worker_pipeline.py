@@ -190,3 +190,18 @@ def test_a_bug_in_the_feed_stops_it_with_an_error_instead_of_starving_the_worker
     with Feed(broken, lambda: True, lambda: 0, depth=1, poll_s=0.05) as feed:
         assert not feed.wait_for_work(5.0)
     assert feed.error is not None and "KeyError" in str(feed.error)
+
+
+def test_a_failing_report_is_retried_with_backoff_not_in_a_tight_loop() -> None:
+    from workers.errors import ServerUnavailable
+
+    attempts: list[float] = []
+
+    def report() -> bool:
+        attempts.append(time.monotonic())
+        raise ServerUnavailable("down")
+
+    with Feed(lambda wait_s, n: [], report, lambda: 100, depth=1, poll_s=0.05,
+              report_batch=4, report_interval_s=0.0) as feed:
+        time.sleep(1.2)
+    assert feed.error is None and 1 <= len(attempts) <= 4
