@@ -95,6 +95,11 @@ class PlanContext:
         self.opset = opset
         self.outputs = {v.name for v in proto.graph.output}
         self.readers: dict[str, int] = {}
+        #: constants given as data (initializers, Constant nodes): the only values read, so a
+        #: planning decision never evaluates a computation from an upload
+        self.given = {t.name for t in proto.graph.initializer} | {
+            out for node in proto.graph.node if node.op_type == "Constant"
+            and node.domain in ("", "ai.onnx") for out in node.output}
         for node in proto.graph.node:
             for name in [*node.input, *_subgraph_reads(node)]:
                 if name:
@@ -122,10 +127,12 @@ class PlanContext:
         return tuple(int(d) for d in found.dims if isinstance(d, int))
 
     def small(self, tensor: str) -> np.ndarray:
-        """The value of a tiny constant (at most ``SMALL_ELEMENTS`` elements), else Refused."""
+        """The value of a tiny given constant (an initializer or a Constant node of at most
+        ``SMALL_ELEMENTS`` elements; load-time folding turned small computations on constants
+        into such nodes), else Refused."""
         found = self.info.tensors.get(tensor)
-        if not self.is_constant(tensor) or found is None or found.dims is None:
-            raise Refused(f"{tensor!r} is not a constant of known shape")
+        if tensor not in self.given or found is None or found.dims is None:
+            raise Refused(f"{tensor!r} is not a given constant of known shape")
         if not all(isinstance(d, int) for d in found.dims) or math.prod(
                 int(d) for d in found.dims if isinstance(d, int)) > SMALL_ELEMENTS:
             raise Refused(f"{tensor!r} is not a tiny constant")
