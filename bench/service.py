@@ -98,14 +98,14 @@ class LoadStats:
 
 
     def empty_while_queued(self) -> int:
-        """Empty claims with work queued both at the last sample before the claim started and
-        at the first one after it ended (so the work was there throughout)."""
+        """Empty claims during which work was queued throughout: every sample from the last
+        one before the claim was sent to the first one after its answer saw queued items."""
         times = [t for t, _n in self.queued]
         count = 0
         for start, end in self.empty_at:
             before, after = bisect.bisect_right(times, start) - 1, bisect.bisect_left(times, end)
             if before >= 0 and after < len(times) and \
-                    self.queued[before][1] > 0 and self.queued[after][1] > 0:
+                    all(n > 0 for _t, n in self.queued[before:after + 1]):
                 count += 1
         return count
 

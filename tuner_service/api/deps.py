@@ -124,14 +124,23 @@ def job_or_404(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)
     return job
 
 
-def own_worker(db: DbDep, token: WorkerToken,
+def own_worker(db: DbDep, credentials: Credentials,
                worker_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Worker:
     """The worker row, which only the token that registered it (or an admin) may act for.
 
-    Read in its own short transaction: the long-poll claim must not hold one open (on SQLite
-    an open write transaction would block every other writer for the whole wait)."""
+    The token check (a worker or admin token) and the worker lookup share one short read
+    transaction: every claim, heartbeat and report starts here, so it costs one pooled
+    connection, not two. Not held open: the long-poll claim must not keep a transaction (on
+    SQLite an open write transaction would block every other writer for the whole wait)."""
+    if credentials is None or not credentials.credentials:
+        raise AuthError("missing bearer token (Authorization: Bearer <token>)")
     with db.read_session() as session:
-        worker = session.get(Worker, worker_id)
+        token = auth.authenticate(session, credentials.credentials)
+        worker = session.get(Worker, worker_id) if token is not None else None
+    if token is None:
+        raise AuthError("invalid or revoked token")
+    if not auth.allows(token.role, ("worker",)):
+        raise ForbiddenError(f"a {token.role} token cannot do this; needs worker")
     if worker is None:
         raise NotFoundError(f"worker {worker_id} not found; register again")
     if token.role != "admin" and worker.token_id != token.id:

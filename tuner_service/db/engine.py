@@ -73,9 +73,11 @@ def make_engine(url: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url, parsed.database, busy_timeout_s, pool_size)
-    # pre-ping lets the pool recover by itself after a database restart
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=30,
-                         pool_timeout=busy_timeout_s, json_serializer=_json)
+    # pre-ping lets the pool recover by itself after a database restart. At most 40
+    # connections, as many kept open as a busy server uses at once: a connection opened for
+    # a burst and closed on return (overflow) costs PostgreSQL a new backend process each time
+    return create_engine(url, pool_pre_ping=True, pool_size=max(pool_size, 32),
+                         max_overflow=8, pool_timeout=busy_timeout_s, json_serializer=_json)
 
 
 def _sqlite_engine(url: str, path: str | None, busy_timeout_s: float, pool_size: int

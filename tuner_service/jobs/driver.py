@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 ACTIVE = ("queued", "running")
 #: seconds of model refits one job's step may spend; the rest wait for the next step
 LEARN_BUDGET_S = 0.5
+#: most candidates one job's step queues: a step stays short, so the next one (which reads
+#: what was measured meanwhile) comes soon; a deeper target fills over a few steps
+MAX_QUEUED_PER_STEP = 2048
 #: least pause between steps: a burst of wake-ups (every report wakes the driver) must not
 #: turn the driver into a busy loop that starves the request threads
 MIN_STEP_GAP_S = 0.02
@@ -141,7 +144,8 @@ class JobDriver:
             run.hold(observed)
             if not depth.starving:
                 run.learn([], LEARN_BUDGET_S)
-            proposals = run.propose(depth.target, self.settings.batch_size, depth.demand)
+            proposals = run.propose(min(depth.target, run.in_flight_count() + MAX_QUEUED_PER_STEP),
+                                    self.settings.batch_size, depth.demand)
             with self.db.session() as session:
                 if self._locked_job(session, job_id) is None:
                     return

@@ -258,9 +258,12 @@ class JobRun:
             .values(state="cancelled")
             .returning(Measurement.id, Measurement.job_task_id)
             .execution_options(synchronize_session=False)).all()
-        by_task = {t.job_task_id: t for t in stalled}
-        for measure_id, job_task_id in withdrawn:
-            by_task[job_task_id].pending.discard(measure_id)
+        for task in stalled:
+            task.pending.difference_update(m for m, t in withdrawn if t == task.job_task_id)
+
+    def in_flight_count(self) -> int:
+        """Candidates this run queued that have not finished (as of the last observe)."""
+        return sum(len(t.pending) for t in self.tasks)
 
     def in_flight(self, session: Session) -> dict[str, int]:
         """The job's queued and leased candidates (one grouped count on an index)."""
