@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from schedule_templates.ops.base import GeneratedOp, op_from_json
+from schedule_templates.ops.base import GeneratedOp, GeneratedOpError, op_from_json
 from tuner_service.frontend.errors import ModelError
 from tuner_service.frontend.folding import SMALL_ELEMENTS, ConstantValues
 from tuner_service.frontend.fusion import node_name
@@ -54,8 +54,6 @@ class Refused(Exception):
 def make_op(kind: str, **fields: Any) -> GeneratedOp:
     """The registered operator of ``kind``; Refused when it does not exist (yet) or rejects
     the fields, so a missing operator class only keeps its nodes in numpy."""
-    from schedule_templates.ops.base import GeneratedOpError
-
     try:
         return op_from_json({"kind": kind, **fields})
     except GeneratedOpError as e:
