@@ -17,7 +17,8 @@ from workers.errors import BackendError
 from workers.measure.pool import IsolatedMeasurer, describe_exit
 from workers.task import MeasureTask
 
-OPTIONS = MeasureOptions(repeat=2, min_repeat_ms=0.0, build_timeout_s=1.5, run_timeout_s=1.5)
+# build_timeout_s covers starting a fresh child after a crash: seconds on a loaded machine
+OPTIONS = MeasureOptions(repeat=2, min_repeat_ms=0.0, build_timeout_s=4.0, run_timeout_s=1.5)
 FAULTS = {1: "segfault", 2: "exit", 3: "hang_build", 4: "hang_run", 5: "wrong",
           6: "compile_error", 7: "invalid", 8: "runtime_error"}
 EXPECTED = {
