@@ -127,3 +127,21 @@ def test_timings_are_stored_and_shown_as_medians_per_worker(
     metrics = client.get("/metrics").text
     assert (f'tuner_worker_time_per_candidate_seconds{{part="build",'
             f'worker_id="{worker.worker_id}"}} 0.2') in metrics
+
+
+def test_a_claim_costs_the_same_statements_whatever_its_size(settings: Settings) -> None:
+    settings = settings.with_overrides(queue_depth=64, batch_size=64)
+    db = Database(settings.resolved_database_url)
+    worker_id, _ids = _claimed(db, settings, trials=64, claim=0)
+    with db.session() as session:
+        worker = session.get(queue.Worker, worker_id)
+    assert worker is not None
+    counts, sizes = [], []
+    for size in (2, 40):
+        with _statements(db) as seen:
+            items = queue.claim_batch(db, worker, size, 30.0, {})
+        counts.append(len(seen))
+        sizes.append(len(items))
+    db.dispose()
+    assert sizes == [2, 40]
+    assert counts[0] == counts[1] <= 5, counts  # heartbeat, claim, read items (+ begin/commit)
