@@ -19,3 +19,7 @@ class CodegenError(ScheduleError):
 
 class DeviceCompileError(CodegenError):
     """The device compiler (nvcc for CUDA) rejected generated device code."""
+
+
+class UnsupportedHostError(CodegenError):
+    """The kernel needs CPU features (VNNI, AVX-512 BF16) that this host lacks."""

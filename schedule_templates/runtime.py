@@ -3,6 +3,8 @@
 ``build`` lowers and JIT-compiles; ``Artifact.prepare`` packs constant weights (outside any
 timing) and allocates the output and workspace once; ``PreparedKernel.run`` executes one call.
 ctypes releases the GIL for the call, and the kernel's own threads come from libgomp.
+Buffers hold their kernel element type (int8 kernels take bytes, bfloat16 is numpy uint16 bits);
+a kernel whose intrinsics need CPU features the host lacks is refused before LLVM sees it.
 """
 
 from __future__ import annotations
@@ -12,22 +14,34 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from schedule_templates.codegen.llvm_ir import generate_llvm_ir
-from schedule_templates.codegen.llvm_jit import CompiledKernel
-from schedule_templates.errors import InvalidConfigError
+from schedule_templates.codegen.llvm_ir import LLVMGenerator
+from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
+from schedule_templates.errors import InvalidConfigError, UnsupportedHostError
 from schedule_templates.ir.nodes import Buffer, Kernel
 from schedule_templates.space import Config
 from schedule_templates.templates.base import Template, target_kind
 from schedule_templates.workloads import Workload
 
 _ALIGN = 64
+#: numpy type of each IR element type (bfloat16 travels as its raw 16 bits)
+NUMPY_DTYPES: dict[str, type[np.generic]] = {
+    "float32": np.float32, "int32": np.int32, "int8": np.int8, "uint8": np.uint8,
+    "bfloat16": np.uint16,
+}
 
 
-def aligned_empty(n: int, zero: bool = False) -> np.ndarray:
-    """A 1-D float32 array of ``n`` elements starting on a 64-byte boundary."""
-    raw = (np.zeros if zero else np.empty)(n + _ALIGN // 4, dtype=np.float32)
-    shift = (-raw.ctypes.data % _ALIGN) // 4
+def aligned_empty(n: int, zero: bool = False, dtype: type[np.generic] = np.float32
+                  ) -> np.ndarray:
+    """A 1-D array of ``n`` elements starting on a 64-byte boundary."""
+    size = np.dtype(dtype).itemsize
+    raw = (np.zeros if zero else np.empty)(n + _ALIGN // size, dtype=dtype)
+    shift = (-raw.ctypes.data % _ALIGN) // size
     return raw[shift : shift + n]
+
+
+def buffer_array(buf: Buffer, zero: bool = False) -> np.ndarray:
+    """Aligned memory for a kernel buffer, slack included, of its element type."""
+    return aligned_empty(buf.size + buf.slack, zero, NUMPY_DTYPES[buf.dtype])
 
 
 class PreparedKernel:
@@ -70,9 +84,9 @@ class Artifact:
         packed = self.template.pack(self.workload, self.config, inputs)
         args = [self._bind(buf, packed) for buf in self.kernel.params[:-1]]
         out_buf = self.kernel.output
-        out_flat = aligned_empty(out_buf.size + out_buf.slack)
+        out_flat = buffer_array(out_buf)
         args.append(out_flat)
-        args += [aligned_empty(b.size + b.slack, zero=True) for b in self.kernel.workspace]
+        args += [buffer_array(b, zero=True) for b in self.kernel.workspace]
         output = out_flat[: out_buf.size].reshape(self.workload.output_shape())
         return PreparedKernel(self.compiled, self.kernel, args, output, self.threads)
 
@@ -86,8 +100,15 @@ class Artifact:
             raise InvalidConfigError(
                 f"argument {buf.name} has {array.size} elements, kernel expects {buf.size}"
             )
-        flat = aligned_empty(buf.size + buf.slack, zero=buf.slack > 0)
-        flat[: buf.size] = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        flat = buffer_array(buf, zero=buf.slack > 0)
+        want = NUMPY_DTYPES[buf.dtype]
+        if buf.dtype != "float32" and array.dtype != want:
+            # low-precision data is never converted silently: a template's pack must hand
+            # over the exact bits (a float array here would be truncated to garbage)
+            raise InvalidConfigError(
+                f"argument {buf.name} is {array.dtype}, the kernel reads {np.dtype(want)}"
+            )
+        flat[: buf.size] = np.ascontiguousarray(array, dtype=want).reshape(-1)
         return flat
 
     def close(self) -> None:
@@ -102,11 +123,19 @@ def lower(workload: Workload, template: Template, config: Config) -> Kernel:
 def build(workload: Workload, template: Template, config: Config, target: str = "llvm",
           threads: int = 1) -> Artifact:
     """Lower and compile; InvalidConfigError for a config the template refuses, CodegenError
-    when code generation or LLVM fails."""
+    when code generation or LLVM fails (UnsupportedHostError, a kind of it, when the kernel
+    needs CPU features this host lacks)."""
     if target_kind(target) != "llvm" or template.target_kind != "llvm":
         raise InvalidConfigError(f"runtime.build compiles for the host CPU, not {target!r}")
     kernel = lower(workload, template, config)
-    module = generate_llvm_ir(kernel)
+    generator = LLVMGenerator(kernel)
+    module = generator.generate()
+    have = {f[1:] for f in host_features().split(",") if f.startswith("+")}
+    missing = sorted(generator.required_features - have)
+    if missing:
+        raise UnsupportedHostError(
+            f"{template.name} needs CPU features this host lacks: {', '.join(missing)}"
+        )
     nargs = len(kernel.params) + len(kernel.workspace)
     compiled = CompiledKernel(module, kernel.name, nargs)
     return Artifact(workload, template, config, kernel, compiled, max(1, threads))

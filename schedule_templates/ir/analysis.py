@@ -9,9 +9,11 @@ from schedule_templates.ir.nodes import (
     BinOp,
     Buffer,
     Call,
+    Cast,
     Const,
     Expr,
     IfThen,
+    Intrinsic,
     Load,
     Loop,
     Select,
@@ -38,8 +40,10 @@ def uses_var(e: Expr, var: Var) -> bool:
         return any(uses_var(i, var) for i in e.indices)
     if isinstance(e, Select):
         return uses_var(e.cond, var) or uses_var(e.a, var) or uses_var(e.b, var)
-    if isinstance(e, Call):
+    if isinstance(e, Call | Cast):
         return uses_var(e.arg, var)
+    if isinstance(e, Intrinsic):
+        return any(uses_var(a, var) for a in e.args)
     return False
 
 
@@ -86,6 +90,10 @@ def substitute(e: Expr, var: Var, value: Expr | int) -> Expr:
                       substitute(e.b, var, repl))
     if isinstance(e, Call):
         return Call(e.fn, substitute(e.arg, var, repl))
+    if isinstance(e, Cast):
+        return Cast(e.to, substitute(e.arg, var, repl))
+    if isinstance(e, Intrinsic):
+        return Intrinsic(e.fn, tuple(substitute(a, var, repl) for a in e.args))
     return e
 
 
@@ -101,8 +109,11 @@ def loads_in(e: Expr) -> Iterator[Load]:
         yield from loads_in(e.cond)
         yield from loads_in(e.a)
         yield from loads_in(e.b)
-    elif isinstance(e, Call):
+    elif isinstance(e, Call | Cast):
         yield from loads_in(e.arg)
+    elif isinstance(e, Intrinsic):
+        for a in e.args:
+            yield from loads_in(a)
 
 
 def walk(body: tuple[Stmt, ...]) -> Iterator[Stmt]:

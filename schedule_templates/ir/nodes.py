@@ -1,8 +1,11 @@
 """Loop-nest IR nodes.
 
-Expressions are int64 index arithmetic or float32 values; statements are loops (with a kind),
-stores, local allocations and guarded blocks. Nodes are immutable; build them with the helpers
-at the bottom (``loop``, ``store``) and Python operators on expressions.
+Expressions are int64 index arithmetic or values of a buffer element type (``DTYPES``: float32
+by default; the integer and bfloat16 types serve low-precision kernels, with explicit ``Cast``
+between them and ``Intrinsic`` for target instructions such as VNNI dot products); statements
+are loops (with a kind), stores, local allocations and guarded blocks. Nodes are immutable;
+build them with the helpers at the bottom (``loop``, ``store``) and Python operators on
+expressions.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ _FOLD = {
 }
 COMPARISONS = ("<", "<=", ">=", ">", "==", "!=")
 FLOAT_FUNCS = ("max", "min")
+#: element types a Buffer may hold; bfloat16 is stored as its 16 raw bits
+DTYPES = ("float32", "int32", "int8", "uint8", "bfloat16")
 #: float -> float math functions a ``Call`` may name (code generators implement each one)
 MATH_FUNCS = ("exp", "log", "sqrt", "tanh", "erf", "sigmoid", "abs", "floor")
 
@@ -131,6 +136,11 @@ class Buffer:
     dtype: str = "float32"
     #: extra elements allocated past the end (lets strided vector loads over-read safely)
     slack: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"buffer {self.name}: unknown dtype {self.dtype!r}; known: "
+                             f"{', '.join(DTYPES)}")
 
     @property
     def size(self) -> int:
@@ -190,6 +200,67 @@ class Call(Expr):
     @property
     def dtype(self) -> str:
         return "float32"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    """``arg`` converted to the element type ``to``.
+
+    float -> integer truncates toward zero (round first with the ``roundeven`` intrinsic);
+    integer -> integer extends by the source's signedness or wraps; float32 -> bfloat16 rounds
+    to nearest even. Saturation is the caller's: clamp before narrowing."""
+
+    to: str
+    arg: Expr
+
+    def __post_init__(self) -> None:
+        if self.to not in (*DTYPES, "int64"):
+            raise ValueError(f"cannot cast to {self.to!r}")
+
+    @property
+    def dtype(self) -> str:
+        return self.to
+
+
+@dataclasses.dataclass(frozen=True)
+class IntrinsicSig:
+    """What an intrinsic takes and gives, per lane; ``lanes`` > 0 fixes the vector width (the
+    instruction exists only at that width), 0 means any width, scalars included."""
+
+    result: str
+    args: tuple[str, ...]
+    lanes: int = 0
+
+
+#: target instructions an ``Intrinsic`` may name (code generators map each to their own call)
+INTRINSICS: dict[str, IntrinsicSig] = {
+    # acc + sum of 4 products (u8 of a) * (s8 of b), per 32-bit lane: AVX-512 VNNI
+    "vpdpbusd": IntrinsicSig("int32", ("int32", "int32", "int32"), 16),
+    # acc + a.lo * b.lo + a.hi * b.hi on the two bfloat16 halves of each 32-bit lane
+    "dpbf16ps": IntrinsicSig("float32", ("float32", "int32", "int32"), 16),
+    # round half to even (the rounding of onnxruntime's requantization)
+    "roundeven": IntrinsicSig("float32", ("float32",)),
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Intrinsic(Expr):
+    """``fn(args...)`` for a target instruction named in ``INTRINSICS``, applied lane-wise."""
+
+    fn: str
+    args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        sig = INTRINSICS.get(self.fn)
+        if sig is None:
+            raise ValueError(f"unknown intrinsic {self.fn!r}; known: {', '.join(INTRINSICS)}")
+        got = tuple(a.dtype for a in self.args)
+        if got != sig.args:
+            raise ValueError(f"{self.fn} takes ({', '.join(sig.args)}), got ({', '.join(got)})")
+
+    @property
+    def dtype(self) -> str:
+        return INTRINSICS[self.fn].result
 
 
 class Stmt:
@@ -284,6 +355,16 @@ def binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
 def call(fn: str, arg: ExprLike) -> Expr:
     """``call("exp", x)``: a float math function of one float expression."""
     return Call(fn, as_expr(arg))
+
+
+def cast(to: str, arg: ExprLike) -> Expr:
+    """``arg`` as element type ``to`` (no node when it already is)."""
+    e = as_expr(arg)
+    return e if e.dtype == to else Cast(to, e)
+
+
+def intrinsic(fn: str, *args: ExprLike) -> Expr:
+    return Intrinsic(fn, tuple(as_expr(a) for a in args))
 
 
 def fmax(a: ExprLike, b: ExprLike) -> Expr:

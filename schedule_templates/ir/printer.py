@@ -8,9 +8,11 @@ from schedule_templates.ir.nodes import (
     BinOp,
     Buffer,
     Call,
+    Cast,
     Const,
     Expr,
     IfThen,
+    Intrinsic,
     Kernel,
     Load,
     Loop,
@@ -36,6 +38,10 @@ def format_expr(e: Expr, parent: int = 0) -> str:
         return f"select({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
     if isinstance(e, Call):
         return f"{e.fn}({format_expr(e.arg)})"
+    if isinstance(e, Cast):
+        return f"{e.to}({format_expr(e.arg)})"
+    if isinstance(e, Intrinsic):
+        return f"{e.fn}({', '.join(format_expr(a) for a in e.args)})"
     if isinstance(e, BinOp):
         if e.op in ("max", "min"):
             return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"

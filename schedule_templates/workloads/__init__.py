@@ -9,11 +9,14 @@ from schedule_templates.workloads.base import (
 )
 from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d, GroupConv2d
 from schedule_templates.workloads.gemm import BatchMatmul, Dense
+from schedule_templates.workloads.lowp import DenseBf16, DenseInt8
 
 __all__ = [
     "BatchMatmul",
     "Conv2d",
     "Dense",
+    "DenseBf16",
+    "DenseInt8",
     "DepthwiseConv2d",
     "GroupConv2d",
     "Workload",

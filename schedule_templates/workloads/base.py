@@ -33,9 +33,11 @@ class Workload(ABC):
     """One operator instance: shapes and attributes, fp32 throughout."""
 
     op: ClassVar[str]
-    #: parameter name -> (kind, default); kind is "int", "pair" (h, w), "quad" (t, l, b, r)
-    #: or "epilogue" (an Epilogue, for operators that fuse one).
+    #: parameter name -> (kind, default); kind is "int", "pair" (h, w), "quad" (t, l, b, r),
+    #: "epilogue" (an Epilogue, for operators that fuse one) or "choice" (a word from
+    #: ``choices``, e.g. an output data type).
     params: ClassVar[dict[str, tuple[str, Any]]]
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __post_init__(self) -> None:
         for name, (kind, _default) in self.params.items():
@@ -43,6 +45,12 @@ class Workload(ABC):
             if kind == "epilogue":
                 if not isinstance(value, Epilogue):
                     raise InvalidWorkloadError(f"{self.op}: {name} must be an Epilogue")
+                continue
+            if kind == "choice":
+                allowed = self.choices[name]
+                if value not in allowed:
+                    raise InvalidWorkloadError(
+                        f"{self.op}: {name}={value!r} is not one of {', '.join(allowed)}")
                 continue
             values = (value,) if kind == "int" else value
             for v in values:
@@ -163,6 +171,8 @@ def _format_value(value: Any) -> str:
 def _parse_value(op: str, name: str, kind: str, text: str) -> Any:
     if kind == "epilogue":
         return parse_epilogue(text)
+    if kind == "choice":
+        return text
     pieces = text.replace("(", "").replace(")", "").split("x")
     try:
         numbers = tuple(int(p) for p in pieces)
@@ -215,6 +225,9 @@ def make_workload(op: str, **values: Any) -> Workload:
         raw = values.get(name, default)
         if kind == "epilogue":
             kwargs[name] = parse_epilogue(raw) if isinstance(raw, str) else raw
+            continue
+        if kind == "choice":
+            kwargs[name] = raw
             continue
         if isinstance(raw, list):
             raw = tuple(raw)

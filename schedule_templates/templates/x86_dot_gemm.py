@@ -1,0 +1,165 @@
+"""The blocked GEMM of x86 dot-product instructions, shared by the int8 and bf16 dense templates.
+
+AVX-512 VNNI (``vpdpbusd``: 4 u8 x s8 products per 32-bit lane) and AVX-512 BF16
+(``vdpbf16ps``: 2 bf16 products per fp32 lane) both reduce a small group of K elements into one
+lane. So K is walked in groups: the left operand's ``group`` consecutive values of a row are read
+as one 32-bit word and broadcast, and the weights are packed into ``[N/nr][K/group][nr][group]``
+micro-panels, so one 64-byte load gives 16 lanes of their own group each. Register tiles, the
+fused parallel loop over M and N blocks and the K blocking follow ``x86_gemm``; when K is split
+into blocks, partial sums go to a workspace of accumulators and only the last block applies the
+output stage (the output type may be too narrow to hold a partial sum).
+
+The plain fp32 template's space would not do: the panel width must be a whole number of
+16-lane registers (an instruction exists only at that width), and the reduction is in groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Buffer,
+    Const,
+    Expr,
+    IfThen,
+    Load,
+    LoopKind,
+    Scope,
+    Select,
+    Stmt,
+    binop,
+    intrinsic,
+    loop,
+    store,
+)
+from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
+from schedule_templates.templates.choose import ACC_REGISTERS, LANES, largest_divisor, three_way
+
+MAX_NR = 64
+MAX_MR = 16
+MAX_KU = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DotInstruction:
+    """One dot-product instruction: its IR intrinsic, the K elements it reduces per lane, and
+    the accumulator type."""
+
+    intrinsic: str
+    group: int
+    acc_dtype: str
+
+    @property
+    def zero(self) -> Const:
+        return Const(0.0, "float32") if self.acc_dtype == "float32" else Const(0, "int32")
+
+
+VNNI = DotInstruction("vpdpbusd", 4, "int32")
+BF16 = DotInstruction("dpbf16ps", 2, "float32")
+
+
+def check_shape(op: str, N: int, K: int, inst: DotInstruction) -> None:
+    """The packed layout needs whole registers of N and whole groups of K."""
+    if N % LANES or K % inst.group:
+        raise InvalidWorkloadError(
+            f"{op} on x86 needs N a multiple of {LANES} and K a multiple of {inst.group} "
+            f"(got N={N}, K={K})"
+        )
+
+
+def dot_space(M: int, N: int, K: int, inst: DotInstruction) -> ConfigSpace:
+    knobs = (
+        SplitKnob("tile_m", M, 3),
+        SplitKnob("tile_n", N, 3),
+        SplitKnob("tile_k", K // inst.group, 3),  # in groups of K
+        ChoiceKnob("outer_order", ("nm", "mn")),  # which block index varies fastest in the
+        ChoiceKnob("inner_order", ("nm", "mn")),  # parallel loop / inside one thread's block
+    )
+    return ConfigSpace(knobs, constraint=_fits)
+
+
+def _fits(cfg: Config) -> bool:
+    mr, nr, ku = cfg["tile_m"][2], cfg["tile_n"][2], cfg["tile_k"][2]
+    return (nr % LANES == 0 and nr <= MAX_NR and mr <= MAX_MR and ku <= MAX_KU
+            and mr * (nr // LANES) <= ACC_REGISTERS)
+
+
+def dot_default(space: ConfigSpace, M: int, N: int, K: int, inst: DotInstruction) -> Config:
+    nr = largest_divisor(N, MAX_NR, prefer=(64, 48, 32, 16))
+    mr = largest_divisor(M, min(MAX_MR, ACC_REGISTERS // (nr // LANES)), prefer=(6, 8, 4))
+    groups = K // inst.group
+    ku = largest_divisor(groups, MAX_KU, prefer=(4, 2))
+    return space.from_entities({
+        "tile_m": three_way(M, mr, 96),
+        "tile_n": three_way(N, nr, 256),
+        "tile_k": three_way(groups, ku, groups),  # one block: weights stay in L2 at these sizes
+        "outer_order": "nm",
+        "inner_order": "nm",
+    })
+
+
+OperandA = Callable[[Expr, Expr], Load]  # (m, k group) -> one 32-bit word of the row
+OperandB = Callable[[Expr, Expr, Expr], Load]  # (n panel, k group, j within panel)
+Finish = Callable[[Expr, Expr, Expr], Stmt]  # (accumulator, m, n) -> the output store
+
+
+def partial_buffer(cfg: Config, M: int, N: int, inst: DotInstruction) -> Buffer | None:
+    """The workspace of partial sums a config with several K blocks needs (None for one)."""
+    if cfg["tile_k"][0] == 1:
+        return None
+    return Buffer("partial", (M, N), Scope.WORKSPACE, inst.acc_dtype)
+
+
+def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish: Finish,
+             partial: Buffer | None) -> Stmt:
+    mo, mi, mr = cfg["tile_m"]
+    no, ni, nr = cfg["tile_n"]
+    ko, ki, ku = cfg["tile_k"]
+    t, par = loop("t", mo * no, LoopKind.PARALLEL)
+    jo, io = (t // mo, t % mo) if cfg["outer_order"] == "nm" else (t % no, t // no)
+    kko, k_outer = loop("k_o", ko)
+    vj, vj_mk = loop("j_i", ni)
+    vi, vi_mk = loop("m_i", mi)
+    panel = jo * ni + vj
+    m0 = (io * mi + vi) * mr
+    n0 = panel * nr
+    acc = Buffer("acc", (mr, nr), Scope.LOCAL, inst.acc_dtype)
+    r, unroll_r = loop("r", mr, LoopKind.UNROLL)
+    j, vec_j = loop("j", nr, LoopKind.VECTORIZE)
+    k1, k_inner = loop("k_i", ki)
+    k2, k_unroll = loop("k_u", ku, LoopKind.UNROLL)
+    kg = (kko * ki + k1) * ku + k2
+    step = store(acc[r, j], intrinsic(inst.intrinsic, acc[r, j], a(m0 + r, kg), b(panel, kg, j)))
+    out_stage = unroll_r(vec_j(finish(acc[r, j], m0 + r, n0 + j)))
+    if partial is None:
+        init: list[Stmt] = [unroll_r(vec_j(store(acc[r, j], inst.zero)))]
+        last: list[Stmt] = [out_stage]
+    else:  # earlier K blocks keep their sums in the workspace; the last one finishes them
+        first = binop("==", kko, 0)
+        init = [unroll_r(vec_j(store(acc[r, j],
+                                     Select(first, inst.zero, partial[m0 + r, n0 + j]))))]
+        last = [IfThen(binop("==", kko, ko - 1), (out_stage,)),
+                IfThen(binop("<", kko, ko - 1),
+                       (unroll_r(vec_j(store(partial[m0 + r, n0 + j], acc[r, j]))),))]
+    tile = Allocate(acc, (*init, k_inner(k_unroll(unroll_r(vec_j(step)))), *last))
+    inner = vj_mk(vi_mk(tile)) if cfg["inner_order"] == "nm" else vi_mk(vj_mk(tile))
+    return par(k_outer(inner))
+
+
+def pack_panels(weight: np.ndarray, nr: int, group: int) -> np.ndarray:
+    """``weight[N, K]`` -> ``[N/nr][K/group][nr][group]``: the ``group`` K values of each
+    column side by side, so that one 32-bit lane of a register holds them."""
+    n, k = weight.shape
+    panels = weight.reshape(n // nr, nr, k // group, group).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(panels)
+
+
+def as_words(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of bytes or 16-bit values, read as 32-bit words along its last
+    axis (the same memory: a reinterpretation, not a conversion)."""
+    return np.ascontiguousarray(array).view(np.int32)

@@ -1,0 +1,183 @@
+"""Low-precision matrix multiplies: ``dense_int8`` (quantized) and ``dense_bf16``.
+
+They are operators of their own, not a dtype flag on ``dense``: their inputs, outputs and
+references differ, and records of different precisions must never mix (the operator name is
+part of every workload key).
+
+``dense_int8`` is the computation of onnxruntime's QLinearMatMul with uint8 activations and
+symmetric int8 weights (the form ``quantize_static`` produces for VNNI CPUs): an exact int32
+accumulation of ``(data - data_zero_point) * weight``, then the requantization fused as the
+output stage: ``acc * scale`` in fp32 (``scale`` = data_scale * weight_scale / out_scale, per
+tensor or per output channel), rounded half to even, plus the output zero point, saturated to
+uint8 or int8; ``out=f32`` keeps the dequantized ``acc * scale`` instead. Weight zero points
+other than zero are not supported (they would need row sums of the activations in the kernel).
+
+``dense_bf16`` takes bfloat16 activations (numpy uint16 holding the bits) and fp32 weights,
+which a template rounds to bfloat16 once at pack time; products accumulate in fp32. The
+reference rounds the weights the same way, so only the summation order differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from schedule_templates.workloads.base import Shape, Workload, register
+
+#: saturation range of each quantized output type
+QUANT_RANGES: dict[str, tuple[int, int]] = {"u8": (0, 255), "s8": (-128, 127)}
+_QUANT_NUMPY: dict[str, type[np.generic]] = {"u8": np.uint8, "s8": np.int8}
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """fp32 -> bfloat16 bits (uint16), rounded to nearest even (finite inputs)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> the fp32 values they stand for (exact)."""
+    wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16
+    return wide.view(np.float32)
+
+
+def requantize(acc: np.ndarray, scale: np.ndarray, zero_point: int | None, out: str
+               ) -> np.ndarray:
+    """int32 accumulators -> outputs, as onnxruntime's QLinearMatMul rounds them: fp32
+    ``acc * scale``, round half to even, add the zero point, saturate (``out=f32``: no
+    rounding, the fp32 product itself)."""
+    value = acc.astype(np.float32) * np.asarray(scale, dtype=np.float32)
+    if out == "f32":
+        return value.astype(np.float32)
+    lo, hi = QUANT_RANGES[out]
+    q = np.rint(value).astype(np.int64) + int(zero_point or 0)
+    return np.clip(q, lo, hi).astype(_QUANT_NUMPY[out])
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class DenseInt8(Workload):
+    """``out[M,N] = requantize((data[M,K] - zp) . weight[N,K]^T)``, u8 x s8 -> s32."""
+
+    M: int
+    N: int
+    K: int
+    out: str = "u8"
+    scale: str = "channel"
+
+    op: ClassVar[str] = "dense_int8"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        "M": ("int", None),
+        "N": ("int", None),
+        "K": ("int", None),
+        "out": ("choice", "u8"),
+        "scale": ("choice", "channel"),
+    }
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        "out": ("u8", "s8", "f32"),
+        "scale": ("channel", "tensor"),
+    }
+    constant_inputs: ClassVar[tuple[str, ...]] = (
+        "weight", "data_zero_point", "scale", "out_zero_point")
+    examples: ClassVar[tuple[str, ...]] = (
+        "dense_int8:M=6,N=32,K=12", "dense_int8:M=5,N=48,K=64,out=s8,scale=tensor",
+        "dense_int8:M=4,N=16,K=8,out=f32")
+
+    def input_shapes(self) -> dict[str, Shape]:
+        shapes: dict[str, Shape] = {
+            "data": (self.M, self.K), "weight": (self.N, self.K), "data_zero_point": (1,),
+            "scale": (self.N,) if self.scale == "channel" else (1,),
+        }
+        if self.out != "f32":
+            shapes["out_zero_point"] = (1,)
+        return shapes
+
+    def output_shape(self) -> Shape:
+        return (self.M, self.N)
+
+    def flops(self) -> int:
+        """Integer operations, counted like fp32 FLOPs so that throughputs compare."""
+        return 2 * self.M * self.N * self.K
+
+    def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The exact int32 accumulators (fp64 BLAS is exact here: every partial sum is an
+        integer far below 2**53)."""
+        data = np.asarray(inputs["data"], dtype=np.float64)
+        zp = float(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
+        weight = np.asarray(inputs["weight"], dtype=np.float64)
+        return ((data - zp) @ weight.T).astype(np.int32)
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        zp = inputs.get("out_zero_point")
+        zero_point = None if zp is None else int(np.asarray(zp).reshape(-1)[0])
+        return requantize(self.accumulate(inputs), np.asarray(inputs["scale"]).reshape(-1),
+                          zero_point, self.out)
+
+    def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        # a scale that spreads the outputs over the quantized range, saturating a few
+        spread = float(np.sqrt(self.K)) * 74.0 * 73.0
+        typical = (40.0 if self.out != "f32" else 1.0) / spread
+        count = self.N if self.scale == "channel" else 1
+        inputs: dict[str, np.ndarray] = {
+            "data": gen.integers(0, 256, size=(self.M, self.K), dtype=np.uint8),
+            "weight": gen.integers(-127, 128, size=(self.N, self.K), dtype=np.int8),
+            "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
+            "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
+        }
+        if self.out != "f32":
+            lo, hi = (96, 160) if self.out == "u8" else (-16, 16)
+            inputs["out_zero_point"] = gen.integers(lo, hi, size=(1,)).astype(
+                _QUANT_NUMPY[self.out])
+        return inputs
+
+    def describe(self) -> str:
+        return (f"int8 dense {self.M}x{self.K} by {self.K}x{self.N} (u8 x s8 -> s32, "
+                f"{self.scale} scale, {self.out} out)")
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class DenseBf16(Workload):
+    """``out[M,N] = data[M,K] . bf16(weight[N,K])^T`` with bf16 data, fp32 accumulation."""
+
+    M: int
+    N: int
+    K: int
+
+    op: ClassVar[str] = "dense_bf16"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        "M": ("int", None),
+        "N": ("int", None),
+        "K": ("int", None),
+    }
+    constant_inputs: ClassVar[tuple[str, ...]] = ("weight",)
+    examples: ClassVar[tuple[str, ...]] = ("dense_bf16:M=6,N=32,K=10",
+                                           "dense_bf16:M=3,N=48,K=64")
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"data": (self.M, self.K), "weight": (self.N, self.K)}
+
+    def output_shape(self) -> Shape:
+        return (self.M, self.N)
+
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        data = from_bfloat16(inputs["data"]).astype(np.float64)
+        weight = from_bfloat16(to_bfloat16(inputs["weight"])).astype(np.float64)
+        return (data @ weight.T).astype(np.float32)
+
+    def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        data = gen.uniform(-1.0, 1.0, size=(self.M, self.K)).astype(np.float32)
+        weight = gen.uniform(-1.0, 1.0, size=(self.N, self.K)).astype(np.float32)
+        return {"data": to_bfloat16(data), "weight": weight}
+
+    def describe(self) -> str:
+        return f"bf16 dense {self.M}x{self.K} by {self.K}x{self.N} (fp32 accumulation)"
