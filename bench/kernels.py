@@ -5,6 +5,9 @@
 
 Prints one JSON object per workload, then a summary object. Baselines run in fresh processes
 with the same thread count; the peak is our own generated FMA loop on the same threads.
+On the CPU, each dense row also tunes the same shape in int8 (VNNI, u8 x s8, requantized to u8)
+and bf16 (fp32 accumulation) and reports them against our fp32 kernel (``--no-lowp`` skips;
+shapes the low-precision layouts cannot take, N not a multiple of 16, get no such columns).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workloads import ALL, MOBILENET_V2_DEPTHWISE, RESNET18_CONVS
 
+from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.peak import measure_peak_gflops
 from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import get_template
-from schedule_templates.workloads import parse_workload
+from schedule_templates.workloads import Dense, parse_workload
 from tuner_service.tuners import make_tuner
 from tuner_service.tuning.isolated import IsolatedMeasure
 from tuner_service.tuning.local_loop import best_trial, tune
@@ -69,6 +73,30 @@ def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
     }
 
 
+def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int
+                  ) -> dict[str, Any]:
+    """int8 and bf16 columns for a plain dense key: tuned and default throughput (int8 in
+    integer operations per second, counted like FLOPs) and the ratio to fp32 tuned."""
+    workload = parse_workload(key)
+    if not isinstance(workload, Dense) or workload.epilogue_spec:
+        return {}
+    shape = f"M={workload.M},N={workload.N},K={workload.K}"
+    row: dict[str, Any] = {}
+    for column, op in (("int8", "dense_int8"), ("bf16", "dense_bf16")):
+        lowp_key = f"{op}:{shape}"
+        try:
+            get_template(op).space(parse_workload(lowp_key))
+        except InvalidWorkloadError as e:
+            row[f"{column}_skipped"] = str(e)
+            continue
+        result = tune_one(lowp_key, threads, trials, tuner_name, seed)
+        row[f"{column}_tuned_gops"] = result["tuned_gflops"]
+        row[f"{column}_default_gops"] = result["default_gflops"]
+        row[f"{column}_best_config"] = result["best_config"]
+        row[f"{column}_errors"] = result["errors"]
+    return row
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -89,6 +117,8 @@ def main() -> None:
                         help="llvm, or cuda -arch=sm_90 (tuned on the GPU, against cuBLAS/cuDNN)")
     parser.add_argument("--only", help="substring filter on workload keys")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
+    parser.add_argument("--no-lowp", action="store_true",
+                        help="skip the int8 and bf16 columns of dense rows")
     args = parser.parse_args()
     trials = args.trials or (12 if args.quick else 64)
     gpu = args.target.startswith("cuda")
@@ -99,6 +129,11 @@ def main() -> None:
         row: dict[str, Any] = {"workload": key, "threads": args.threads, "trials": trials}
         row.update(tune_one(key, args.threads, trials, args.tuner, args.seed, args.target))
         row.update(baselines(key, args.threads, args.target))
+        if not gpu and not args.no_lowp:
+            row.update(low_precision(key, args.threads, trials, args.tuner, args.seed))
+            for column in ("int8", "bf16"):
+                row[f"{column}_vs_fp32"] = ratio(row.get(f"{column}_tuned_gops"),
+                                                 row["tuned_gflops"])
         row["peak_gflops"] = peak
         row["fraction_of_peak"] = ratio(row["tuned_gflops"], peak)
         row["vs_numpy"] = ratio(row["tuned_gflops"], row.get("numpy_gflops"))
@@ -106,7 +141,9 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row) if args.json else
               f"{key:<62} tuned {row['tuned_gflops']:7.1f}  torch {row['torch_gflops'] or 0:7.1f}"
-              f"  numpy {row.get('numpy_gflops') or 0:7.1f}  peak {peak or 0:6.1f}", flush=True)
+              f"  numpy {row.get('numpy_gflops') or 0:7.1f}  peak {peak or 0:6.1f}"
+              + "".join(f"  {c} {row[c + '_tuned_gops']:7.1f}" for c in ("int8", "bf16")
+                        if row.get(c + "_tuned_gops")), flush=True)
     by_key = {r["workload"]: r for r in rows}
     summary = {
         "summary": True, "threads": args.threads, "trials": trials, "peak_gflops": peak,

@@ -328,7 +328,7 @@ def as_expr(value: ExprLike) -> Expr:
 
 
 def _binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
-    ea, eb = as_expr(a), as_expr(b)
+    ea, eb = _literal(a, b), _literal(b, a)
     if isinstance(ea, Const) and isinstance(eb, Const) and op in _FOLD and ea.dtype == "int64":
         return Const(_FOLD[op](ea.value, eb.value))
     # x + 0, x * 1, x * 0 simplifications keep printed IR and generated code small
@@ -346,6 +346,14 @@ def _binop(op: str, a: ExprLike, b: ExprLike) -> Expr:
         if (isinstance(ea, Const) and ea.value == 0) or (isinstance(eb, Const) and eb.value == 0):
             return Const(0)
     return BinOp(op, ea, eb)
+
+
+def _literal(value: ExprLike, other: ExprLike) -> Expr:
+    """A Python int next to an int32 value is an int32 constant (``acc + 1``), not an index."""
+    if isinstance(value, int) and not isinstance(value, bool) and isinstance(other, Expr) \
+            and other.dtype == "int32":
+        return Const(value, "int32")
+    return as_expr(value)
 
 
 def binop(op: str, a: ExprLike, b: ExprLike) -> Expr:

@@ -25,6 +25,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     dot_space,
     pack_panels,
     partial_buffer,
+    typed,
 )
 from schedule_templates.workloads import DenseBf16, Workload
 from schedule_templates.workloads.lowp import to_bfloat16
@@ -70,5 +71,5 @@ class DenseBf16X86(Template):
         weight = to_bfloat16(np.asarray(inputs["weight"], dtype=np.float32))
         packed = as_words(pack_panels(weight, nr, 2)).reshape(wl.N // nr, wl.K // 2, nr)
         # activations are only reinterpreted (the same bits as words), not transformed
-        return {"data": as_words(np.asarray(inputs["data"], dtype=np.uint16)),
+        return {"data": as_words(typed(inputs, "data", np.uint16)),
                 "weight_packed": packed}

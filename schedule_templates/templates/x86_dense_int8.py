@@ -40,6 +40,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     dot_space,
     pack_panels,
     partial_buffer,
+    typed,
 )
 from schedule_templates.workloads import DenseInt8, Workload
 from schedule_templates.workloads.lowp import QUANT_RANGES
@@ -97,16 +98,17 @@ class DenseInt8X86(Template):
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, DenseInt8)
         nr = config["tile_n"][2]
-        weight = np.asarray(inputs["weight"], dtype=np.int8)
-        data_zp = int(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
+        weight = typed(inputs, "weight", np.int8)
+        data_zp = int(typed(inputs, "data_zero_point", np.uint8).reshape(-1)[0])
         packed = as_words(pack_panels(weight, nr, 4)).reshape(wl.N // nr, wl.K // 4, nr)
         args = {
             # activations are only reinterpreted (the same bytes as words), not transformed
-            "data": as_words(np.asarray(inputs["data"], dtype=np.uint8)),
+            "data": as_words(typed(inputs, "data", np.uint8)),
             "weight_packed": packed,
             "compensation": (-data_zp * weight.sum(axis=1, dtype=np.int64)).astype(np.int32),
             "scale": np.asarray(inputs["scale"], dtype=np.float32),
         }
         if wl.out != "f32":
-            args["out_zero_point"] = np.asarray(inputs["out_zero_point"]).astype(np.int32)
+            zp_type = np.uint8 if wl.out == "u8" else np.int8
+            args["out_zero_point"] = typed(inputs, "out_zero_point", zp_type).astype(np.int32)
         return args

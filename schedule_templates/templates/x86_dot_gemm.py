@@ -16,11 +16,11 @@ The plain fp32 template's space would not do: the panel width must be a whole nu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.errors import InvalidConfigError, InvalidWorkloadError
 from schedule_templates.ir.nodes import (
     Allocate,
     Buffer,
@@ -157,6 +157,15 @@ def pack_panels(weight: np.ndarray, nr: int, group: int) -> np.ndarray:
     n, k = weight.shape
     panels = weight.reshape(n // nr, nr, k // group, group).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(panels)
+
+
+def typed(inputs: Mapping[str, np.ndarray], name: str, dtype: type[np.generic]) -> np.ndarray:
+    """Input ``name``, refused unless it already holds ``dtype``: quantized values and bf16
+    bits have no meaningful conversion from another type."""
+    array = np.asarray(inputs[name])
+    if array.dtype != dtype:
+        raise InvalidConfigError(f"input {name} is {array.dtype}, expected {np.dtype(dtype)}")
+    return array
 
 
 def as_words(array: np.ndarray) -> np.ndarray:
