@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +32,10 @@ from tuner_service.settings import Settings, get_settings
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
+#: threads that run request handlers (anyio's default is 40). Handlers mostly wait on the
+#: database, so a few keep it busy; forty runnable threads would share the interpreter lock
+#: with the job driver's thread and starve it, and a starved driver leaves the queue empty
+REQUEST_THREADS = 12
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -62,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     db: Database = app.state.db
+    anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
     if settings.check_schema:
         await run_in_threadpool(check_schema, db.url)
     for secret, role in ((settings.bootstrap_token, "admin"),

@@ -91,7 +91,9 @@ def claimed_items(session: Session, ids: Sequence[int], default_options: dict[st
     template's space are recorded as instantiation errors instead of being handed out.
     ``spaces``: built spaces to reuse (a server keeps one across claims)."""
     rows = session.execute(
-        select(Measurement, Job.options, Job.threads)
+        select(Measurement.id, Measurement.template, Measurement.template_version,
+               Measurement.workload_key, Measurement.target, Measurement.config,
+               Job.options, Job.threads)  # plain rows: no ORM objects on the claim path
         .outerjoin(JobTask, JobTask.id == Measurement.job_task_id)
         .outerjoin(Job, Job.id == JobTask.job_id)
         .where(ids_in(session, Measurement.id, ids))
@@ -99,7 +101,8 @@ def claimed_items(session: Session, ids: Sequence[int], default_options: dict[st
     ).all()
     spaces = spaces if spaces is not None else SpaceCache()
     items = []
-    for m, options, threads in rows:
+    for m in rows:
+        options, threads = m.options, m.threads
         try:
             spaces.validate(m.template, m.template_version, m.workload_key, m.config)
         except ScheduleError as e:
