@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from tuner_service.db.models import Job, JobTask, Measurement
 from tuner_service.jobs.queue import live_workers
 
-#: a worker seen within this many seconds counts as online (the default lease)
+#: a worker seen within this many seconds counts as online (six default heartbeat periods: an
+#: idle worker long-polls its claims, a busy one heartbeats the items it holds)
 ONLINE_WINDOW_S = 60.0
 #: this many failures in a row, with no success, make "all results failing"
 FAILING_AFTER = 8
