@@ -79,6 +79,9 @@ def dot_space(M: int, N: int, K: int, inst: DotInstruction) -> ConfigSpace:
         SplitKnob("tile_k", K // inst.group, 3),  # in groups of K
         ChoiceKnob("outer_order", ("nm", "mn")),  # which block index varies fastest in the
         ChoiceKnob("inner_order", ("nm", "mn")),  # parallel loop / inside one thread's block
+        # the blocks threads split: M and N blocks fused, or only one axis (the other serial
+        # inside each thread, which shares that thread's panel of weights or rows of data)
+        ChoiceKnob("parallel", ("mn", "m", "n")),
     )
     return ConfigSpace(knobs, constraint=_fits)
 
@@ -100,6 +103,7 @@ def dot_default(space: ConfigSpace, M: int, N: int, K: int, inst: DotInstruction
         "tile_k": three_way(groups, ku, groups),  # one block: weights stay in L2 at these sizes
         "outer_order": "nm",
         "inner_order": "nm",
+        "parallel": "mn",
     })
 
 
@@ -120,9 +124,8 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
     mo, mi, mr = cfg["tile_m"]
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
-    t, par = loop("t", mo * no, LoopKind.PARALLEL)
-    jo, io = (t // mo, t % mo) if cfg["outer_order"] == "nm" else (t % no, t // no)
     kko, k_outer = loop("k_o", ko)
+    blocks, (jo, io) = _block_loops(cfg["parallel"], cfg["outer_order"], mo, no)
     vj, vj_mk = loop("j_i", ni)
     vi, vi_mk = loop("m_i", mi)
     panel = jo * ni + vj
@@ -148,7 +151,21 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
                        (unroll_r(vec_j(store(partial[m0 + r, n0 + j], acc[r, j]))),))]
     tile = Allocate(acc, (*init, k_inner(k_unroll(unroll_r(vec_j(step)))), *last))
     inner = vj_mk(vi_mk(tile)) if cfg["inner_order"] == "nm" else vi_mk(vj_mk(tile))
-    return par(k_outer(inner))
+    return blocks(k_outer(inner))
+
+
+def _block_loops(parallel: str, order: str, mo: int, no: int
+                 ) -> tuple[Callable[[Stmt], Stmt], tuple[Expr, Expr]]:
+    """The loops over (N block, M block): a wrapper that builds them around a body, and the
+    two indices."""
+    if parallel == "mn":
+        t, par = loop("t", mo * no, LoopKind.PARALLEL)
+        return par, ((t // mo, t % mo) if order == "nm" else (t % no, t // no))
+    io, m_loop = loop("m_o", mo, LoopKind.PARALLEL if parallel == "m" else LoopKind.SERIAL)
+    jo, n_loop = loop("n_o", no, LoopKind.PARALLEL if parallel == "n" else LoopKind.SERIAL)
+    if parallel == "m":
+        return (lambda body: m_loop(n_loop(body))), (jo, io)
+    return (lambda body: n_loop(m_loop(body))), (jo, io)
 
 
 def pack_panels(weight: np.ndarray, nr: int, group: int) -> np.ndarray:

@@ -128,10 +128,11 @@ def test_int8_ties_round_to_even_and_saturate_like_the_reference():
 
 @needs_vnni
 @pytest.mark.parametrize("threads", [1, 2])
-def test_int8_blocked_reduction_keeps_partial_sums_exact(threads):
+@pytest.mark.parametrize("parallel", ["mn", "m", "n"])
+def test_int8_blocked_reduction_keeps_partial_sums_exact(threads, parallel):
     # three K blocks: partial sums go through the workspace, the last block requantizes
-    entities = {"tile_m": (2, 1, 4), "tile_n": (1, 2, 16), "tile_k": (3, 2, 2),
-                "outer_order": "mn", "inner_order": "mn"}
+    entities = {"tile_m": (2, 1, 4), "tile_n": (2, 1, 16), "tile_k": (3, 2, 2),
+                "outer_order": "mn", "inner_order": "mn", "parallel": parallel}
     out, ref, _ = run("dense_int8:M=8,N=32,K=48,out=s8", entities=entities, threads=threads)
     np.testing.assert_array_equal(out, ref)
 
@@ -141,7 +142,7 @@ def test_int8_blocked_reduction_keeps_partial_sums_exact(threads):
     ("dense_bf16:M=5,N=32,K=40", None),
     ("dense_bf16:M=8,N=48,K=64", {"tile_m": (2, 2, 2), "tile_n": (1, 1, 48),
                                   "tile_k": (4, 2, 4), "outer_order": "nm",
-                                  "inner_order": "mn"}),
+                                  "inner_order": "mn", "parallel": "m"}),
 ])
 def test_bf16_matches_the_rounded_reference(key, entities):
     out, ref, _ = run(key, entities=entities)
