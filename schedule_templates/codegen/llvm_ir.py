@@ -21,12 +21,21 @@ import dataclasses
 
 from llvmlite import ir
 
+from schedule_templates.codegen.llvm_dtypes import (
+    F32,
+    I32,
+    I64,
+    align_of,
+    element,
+    emit_cast,
+    emit_intrinsic,
+    intrinsic_feature,
+)
 from schedule_templates.codegen.llvm_math import emit_math
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.analysis import flat_offset, linear_coeff, loads_in, substitute, uses_var
 from schedule_templates.ir.nodes import (
     COMPARISONS,
-    INTRINSICS,
     Allocate,
     BinOp,
     Buffer,
@@ -47,66 +56,10 @@ from schedule_templates.ir.nodes import (
     Var,
 )
 
-F32 = ir.FloatType()
-I64 = ir.IntType(64)
-I32 = ir.IntType(32)
-I16 = ir.IntType(16)
-I8 = ir.IntType(8)
-I1 = ir.IntType(1)
 PTR = ir.PointerType()
 _ICMP = {"<": "<", "<=": "<=", ">=": ">=", ">": ">", "==": "==", "!=": "!="}
 _FCMP = {"<": "<", "<=": "<=", ">=": ">=", ">": ">", "==": "==", "!=": "!="}
 MAX_VECTOR_LANES = 16  # widest SIMD op emitted: one zmm of fp32 (two ymm without AVX-512)
-
-
-class _BFloat(ir.Type):
-    """LLVM's ``bfloat`` (llvmlite's IR builder has no such type); only bitcast to and from."""
-
-    def _to_string(self) -> str:
-        return "bfloat"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _BFloat)
-
-    def __hash__(self) -> int:
-        return hash("bfloat")
-
-
-#: the LLVM type each element type is held in (bfloat16 as its raw 16 bits)
-_ELEMENT: dict[str, ir.Type] = {
-    "float32": F32, "int32": I32, "int8": I8, "uint8": I8, "bfloat16": I16, "int64": I64,
-    "bool": I1,
-}
-_SIGNED = ("int32", "int8", "int64")
-
-
-@dataclasses.dataclass(frozen=True)
-class _LLVMIntrinsic:
-    """How an IR intrinsic is called: the LLVM name (``{v}`` becomes the type suffix), the CPU
-    feature it needs, and whether its two vector operands are really bf16 pairs."""
-
-    name: str
-    feature: str = ""
-    bf16_pairs: bool = False
-
-
-_INTRINSICS = {
-    "vpdpbusd": _LLVMIntrinsic("llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),
-    "dpbf16ps": _LLVMIntrinsic("llvm.x86.avx512bf16.dpbf16ps.512", "avx512bf16", True),
-    "roundeven": _LLVMIntrinsic("llvm.roundeven.{v}"),
-}
-
-
-def _element(dtype: str) -> ir.Type:
-    try:
-        return _ELEMENT[dtype]
-    except KeyError:
-        raise CodegenError(f"no LLVM type for {dtype}") from None
-
-
-def _align(dtype: str) -> int:
-    """Bytes of one element: the alignment every access to it can promise."""
-    return {"float32": 4, "int32": 4, "int64": 8, "bfloat16": 2}.get(dtype, 1)
 
 
 @dataclasses.dataclass
@@ -158,7 +111,7 @@ class LLVMGenerator:
     def _alloca(self, scope: _Scope, buf: Buffer) -> ir.Value:
         b = ir.IRBuilder(scope.entry)
         b.position_before(scope.entry.terminator)
-        slot = b.alloca(ir.ArrayType(_element(buf.dtype), buf.size + buf.slack), name=buf.name)
+        slot = b.alloca(ir.ArrayType(element(buf.dtype), buf.size + buf.slack), name=buf.name)
         slot.align = 64
         return slot
 
@@ -293,11 +246,11 @@ class LLVMGenerator:
         except KeyError:
             raise CodegenError(f"buffer {buf.name} is used outside its scope") from None
         return scope.builder.gep(base, [self._expr(scope, offset)], inbounds=True,
-                                 source_etype=_element(buf.dtype))
+                                 source_etype=element(buf.dtype))
 
     def _store(self, scope: _Scope, s: Store) -> None:
         ptr = self._address(scope, s.buffer, flat_offset(s.buffer, s.indices))
-        _store_to(scope.builder, self._expr(scope, s.value), ptr, _align(s.buffer.dtype))
+        _store_to(scope.builder, self._expr(scope, s.value), ptr, align_of(s.buffer.dtype))
 
     def _expr(self, scope: _Scope, e: Expr) -> ir.Value:
         b = scope.builder
@@ -307,12 +260,12 @@ class LLVMGenerator:
             except KeyError:
                 raise CodegenError(f"loop variable {e.name} used outside its loop") from None
         if isinstance(e, Const):
-            return ir.Constant(_element(e.dtype), e.value)
+            return ir.Constant(element(e.dtype), e.value)
         if isinstance(e, Load):
             return b.load(self._address(scope, e.buffer, flat_offset(e.buffer, e.indices)),
-                          typ=_element(e.dtype), align=_align(e.dtype))
+                          typ=element(e.dtype), align=align_of(e.dtype))
         if isinstance(e, Cast):
-            return _cast(b, self._expr(scope, e.arg), e.arg.dtype, e.to)
+            return emit_cast(b, self._expr(scope, e.arg), e.arg.dtype, e.to)
         if isinstance(e, Intrinsic):
             return self._intrinsic(b, e, [self._expr(scope, a) for a in e.args])
         if isinstance(e, Select):
@@ -349,22 +302,10 @@ class LLVMGenerator:
         raise CodegenError(f"operator {op} on {dtype} is not supported")
 
     def _intrinsic(self, b: ir.IRBuilder, e: Intrinsic, args: list[ir.Value]) -> ir.Value:
-        sig, how = INTRINSICS[e.fn], _INTRINSICS[e.fn]
-        ty = args[0].type
-        lanes = ty.count if isinstance(ty, ir.VectorType) else 0
-        if sig.lanes and lanes != sig.lanes:
-            raise CodegenError(f"{e.fn} works on {sig.lanes} lanes at once, here {lanes or 1}: "
-                               f"put it under a vectorized loop of a multiple of {sig.lanes}")
-        if how.feature:
-            self.required_features.add(how.feature)
-        result = _element(sig.result)
-        ret = ir.VectorType(result, lanes) if lanes else result
-        suffix = f"v{lanes}f32" if lanes else "f32"
-        if how.bf16_pairs:  # <16 x i32> holding bf16 pairs is <32 x bfloat> to LLVM
-            pairs = ir.VectorType(_BFloat(), 2 * lanes)
-            args = [args[0], *(b.bitcast(a, pairs) for a in args[1:])]
-        fn = self._declare(how.name.format(v=suffix), ret, [a.type for a in args])
-        return b.call(fn, args)
+        feature = intrinsic_feature(e.fn)
+        if feature:
+            self.required_features.add(feature)
+        return emit_intrinsic(b, self.module, e.fn, args)
 
     def _fma(self, b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
         ty = x.type
@@ -407,7 +348,7 @@ class LLVMGenerator:
         base = substitute(offset, lane, 0)
         if not isinstance(value.type, ir.VectorType):
             value = self._splat(b, value, lanes)
-        align = _align(s.buffer.dtype)
+        align = align_of(s.buffer.dtype)
         if stride == 1:
             _store_to(b, value, self._address(scope, s.buffer, base), align)
             return
@@ -439,7 +380,7 @@ class LLVMGenerator:
             return emit_math(b, self.module, e.fn, arg)
         if isinstance(e, Cast):
             arg = self._widen(b, self._vexpr(scope, e.arg, lane, lanes), lanes)
-            return _cast(b, arg, e.arg.dtype, e.to)
+            return emit_cast(b, arg, e.arg.dtype, e.to)
         if isinstance(e, Intrinsic):
             args = [self._widen(b, self._vexpr(scope, a, lane, lanes), lanes) for a in e.args]
             return self._intrinsic(b, e, args)
@@ -450,7 +391,7 @@ class LLVMGenerator:
         offset = flat_offset(e.buffer, e.indices)
         stride = linear_coeff(offset, lane)
         base = substitute(offset, lane, 0)
-        elem, align = _element(e.dtype), _align(e.dtype)
+        elem, align = element(e.dtype), align_of(e.dtype)
         vec = ir.VectorType(elem, lanes)
         if stride == 1:
             return b.load(self._address(scope, e.buffer, base), typ=vec, align=align)
@@ -490,44 +431,6 @@ def _vector_chunks(lanes: int) -> list[int]:
         chunks.append(width)
         lanes -= width
     return chunks
-
-
-def _cast(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
-    """``value`` (scalar or vector) of element type ``src`` converted to ``dst``."""
-    if src == dst:
-        return value
-    ty = value.type
-    lanes = ty.count if isinstance(ty, ir.VectorType) else 0
-
-    def of(elem: ir.Type) -> ir.Type:
-        return ir.VectorType(elem, lanes) if lanes else elem
-
-    if src == "bfloat16":  # the bits are the top half of an fp32
-        wide = b.shl(b.zext(value, of(I32)), _splat_const(I32, 16, lanes))
-        return _cast(b, b.bitcast(wide, of(F32)), "float32", dst)
-    if dst == "bfloat16":  # round to nearest even on the bits, then keep the top half
-        bits = b.bitcast(_cast(b, value, src, "float32"), of(I32))
-        odd = b.and_(b.lshr(bits, _splat_const(I32, 16, lanes)), _splat_const(I32, 1, lanes))
-        rounded = b.add(bits, b.add(odd, _splat_const(I32, 0x7FFF, lanes)))
-        return b.trunc(b.lshr(rounded, _splat_const(I32, 16, lanes)), of(I16))
-    target = of(_element(dst))
-    if src == "float32":
-        if dst in ("int8", "uint8"):  # via i32: fptosi straight to i8 is poison past 127
-            return b.trunc(b.fptosi(value, of(I32)), target)
-        return b.fptosi(value, target)
-    if dst == "float32":
-        return b.sitofp(value, target) if src in _SIGNED else b.uitofp(value, target)
-    src_bits, dst_bits = _element(src).width, _element(dst).width
-    if dst_bits < src_bits:
-        return b.trunc(value, target)
-    if dst_bits == src_bits:
-        return value
-    return b.sext(value, target) if src in _SIGNED else b.zext(value, target)
-
-
-def _splat_const(elem: ir.Type, value: int, lanes: int) -> ir.Constant:
-    return ir.Constant(ir.VectorType(elem, lanes), [value] * lanes) if lanes else ir.Constant(
-        elem, value)
 
 
 def _store_to(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, align: int = 4) -> None:
