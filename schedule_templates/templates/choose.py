@@ -27,3 +27,15 @@ def three_way(extent: int, inner: int, middle_target: int) -> tuple[int, int, in
     rest = extent // inner
     middle = largest_divisor(rest, max(1, middle_target // inner))
     return rest // middle, middle, inner
+
+
+def reduction_split(extent: int, inner: int, block_target: int) -> tuple[int, int, int]:
+    """(outer, middle, inner) of a reduction blocked into ``middle*inner`` near
+    ``block_target``; when no divisor comes within half of it (a prime extent, say) the
+    reduction stays one block rather than being cut into slivers, each of which would store
+    and reload its partial sums."""
+    rest = extent // inner
+    target = min(rest, max(1, block_target // inner))
+    below = max(d for d in divisors(rest) if d <= target)
+    middle = below if 2 * below >= target else min(d for d in divisors(rest) if d >= target)
+    return rest // middle, middle, inner

@@ -114,6 +114,42 @@ def lincomb(coeffs: Sequence[Fraction], values: Sequence[Expr]) -> Expr:
     return acc
 
 
+#: the default uses Winograd only with at least this many output tiles (the GEMMs' rows): with
+#: fewer, reading the (m+2)^2 transformed weight matrices dominates (ResNet-18's 7x7x512 layer,
+#: 16 tiles at m = 2, runs as fast direct), and the largest m that still has them is taken
+#: (m = 4 from 21x21 outputs up: 1.3-4x the direct default on ResNet and DenseNet layers)
+DEFAULT_MIN_TILES = 36
+#: input and output channels the default needs for Winograd: its transforms cost per channel
+#: what the direct kernel's taps do, so a short reduction cannot pay them back
+DEFAULT_MIN_CHANNELS = 16
+#: tiles per register tile the default tries, in order of preference (4 and 7: measured best
+#: on 56x56 and 28x28/14x14 outputs of ResNet-18/DenseNet-121 layers, one core)
+DEFAULT_ROWS = (4, 7, 8, 6, 5, 14, 12)
+
+
+def default_winograd(wl: Conv2d, accumulators: int) -> tuple[str, int, int] | None:
+    """``(algorithm, kt, rows)`` for the default config, or None where direct is the default.
+
+    ``rows`` is the tiles per register tile (it must divide the output width, being read from
+    ``tile_ow``); the one that wastes the fewest padded tiles is taken, ties in the order of
+    ``DEFAULT_ROWS``.
+    """
+    if not eligible(wl) or min(wl.C, wl.K) < DEFAULT_MIN_CHANNELS:
+        return None
+    algorithm = next((name for name, m in sorted(ALGORITHMS.items(), key=lambda a: -a[1])
+                      if _Geometry(wl, m).tiles >= DEFAULT_MIN_TILES), None)
+    if algorithm is None:
+        return None
+    tiles = _Geometry(wl, ALGORITHMS[algorithm]).tiles
+    kt = largest_divisor(wl.K, 64, prefer=(32, 16, 64, 48))
+    budget = accumulators // -(-kt // 16)
+    rows = [r for r in DEFAULT_ROWS if r <= budget and wl.out_w % r == 0]
+    if not rows:
+        return None
+    best = min(rows, key=lambda r: (-(-tiles // r) * r, DEFAULT_ROWS.index(r)))
+    return algorithm, kt, best
+
+
 class _Geometry:
     def __init__(self, wl: Conv2d, m: int) -> None:
         self.m, self.alpha = m, m + 2
