@@ -13,6 +13,7 @@ import ctypes
 from collections.abc import Mapping
 
 import numpy as np
+from llvmlite import ir
 
 from schedule_templates.codegen.llvm_ir import LLVMGenerator
 from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
@@ -120,6 +121,20 @@ def lower(workload: Workload, template: Template, config: Config) -> Kernel:
     return template.lower(workload, config)
 
 
+def host_module(kernel: Kernel) -> ir.Module:
+    """The kernel's LLVM module, refused with UnsupportedHostError when its intrinsics need CPU
+    features this host lacks (LLVM's instruction selection would abort the process)."""
+    generator = LLVMGenerator(kernel)
+    module = generator.generate()
+    have = {f[1:] for f in host_features().split(",") if f.startswith("+")}
+    missing = sorted(generator.required_features - have)
+    if missing:
+        raise UnsupportedHostError(
+            f"kernel {kernel.name} needs CPU features this host lacks: {', '.join(missing)}"
+        )
+    return module
+
+
 def build(workload: Workload, template: Template, config: Config, target: str = "llvm",
           threads: int = 1) -> Artifact:
     """Lower and compile; InvalidConfigError for a config the template refuses, CodegenError
@@ -128,14 +143,7 @@ def build(workload: Workload, template: Template, config: Config, target: str = 
     if target_kind(target) != "llvm" or template.target_kind != "llvm":
         raise InvalidConfigError(f"runtime.build compiles for the host CPU, not {target!r}")
     kernel = lower(workload, template, config)
-    generator = LLVMGenerator(kernel)
-    module = generator.generate()
-    have = {f[1:] for f in host_features().split(",") if f.startswith("+")}
-    missing = sorted(generator.required_features - have)
-    if missing:
-        raise UnsupportedHostError(
-            f"{template.name} needs CPU features this host lacks: {', '.join(missing)}"
-        )
+    module = host_module(kernel)
     nargs = len(kernel.params) + len(kernel.workspace)
     compiled = CompiledKernel(module, kernel.name, nargs)
     return Artifact(workload, template, config, kernel, compiled, max(1, threads))

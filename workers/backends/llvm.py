@@ -101,9 +101,8 @@ class LlvmBackend(Backend):
     def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
                        ) -> tuple[BoundKernel, bytes | None]:
         try:
-            from schedule_templates.codegen.llvm_ir import generate_llvm_ir
             from schedule_templates.codegen.llvm_jit import CompiledKernel, jit_object
-            from schedule_templates.runtime import Artifact, lower
+            from schedule_templates.runtime import Artifact, host_module, lower
         except ImportError as e:
             raise BackendError(f"the llvm backend needs llvmlite and the runtime: {e}") from e
         if resolved is None:
@@ -112,7 +111,7 @@ class LlvmBackend(Backend):
         kernel = lower(workload, template, config)  # cheap; the object code names no buffers
         fresh = None
         if code is None:
-            code = fresh = jit_object(generate_llvm_ir(kernel))
+            code = fresh = jit_object(host_module(kernel))  # refuses a CPU lacking VNNI etc.
         compiled = CompiledKernel.from_object(code, kernel.name,
                                               len(kernel.params) + len(kernel.workspace))
         artifact = Artifact(workload, template, config, kernel, compiled, max(1, task.threads))
