@@ -70,8 +70,25 @@ def postgres_schema(prefix: str = "tuner_rel") -> Iterator[str]:
         upgrade(url)
         yield url
     finally:
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        _drop_schema(schema)
+
+
+def _drop_schema(schema: str, attempts: int = 5) -> None:
+    """Drop a test schema; a server of the test may still be stopping (pytest tears fixtures
+    down in reverse order), so a deadlock with its last transaction is retried."""
+    import time
+
+    import psycopg
+
+    for attempt in range(attempts):
+        try:
+            with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(0.5)
 
 
 def create_tokens(database_url: str) -> dict[str, str]:

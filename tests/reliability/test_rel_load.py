@@ -31,7 +31,8 @@ def bench_service() -> ModuleType:
 
 
 def test_64_workers_claim_and_report_without_overlap_or_loss(
-        launch: Launcher, pg_url: str, db_rows: Callable[..., list[Any]]) -> None:
+        pg_url: str, launch: Launcher, db_rows: Callable[..., list[Any]]) -> None:
+    # pg_url first: fixtures tear down in reverse, so the server stops before the schema goes
     bench = bench_service()
     server = launch.server(pg_url, lease_s=60.0, batch_size=16, queue_per_worker=4)
     job_id = bench.submit_load_job(server.url, ADMIN, device_key="rel-load")
