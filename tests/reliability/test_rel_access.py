@@ -236,9 +236,10 @@ def test_worker_checks_the_config_before_building_anything(
     class Recording(LlvmBackend):
         built = 0
 
-        def compile(self, task: MeasureTask, resolved: Any) -> Any:
+        # workers build through the compile-cache path
+        def compile_cached(self, task: MeasureTask, resolved: Any, code: bytes | None) -> Any:
             Recording.built += 1
-            return super().compile(task, resolved)
+            return super().compile_cached(task, resolved, code)
 
     def task(cfg: dict[str, Any], name: str = "dense.x86", ver: int = 1,
              tgt: str = "llvm") -> MeasureTask:
