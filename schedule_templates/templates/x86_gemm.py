@@ -7,10 +7,17 @@ micro-panels; batch_matmul: read in place, rows of ``y`` are already contiguous 
 Cache blocking comes from the middle factors of the splits; the outer blocks of M and N (and
 the batch) are fused into one parallel loop. A dense epilogue is applied when the last block
 of the reduction stores the tile (earlier blocks store partial sums that the next one reloads).
+
+Splits must divide their axis, so an M without a useful divisor (ViT's 197 tokens is prime:
+every tile was one row, 2.3x slower than 200 rows) is computed as ``padded_extent(M)`` rows:
+the operands get slack the extra rows read (the runtime stages a copy with it), and the extra
+rows are never stored (dense: a guarded store; batch_matmul, whose N is an activation axis
+too, computes into a padded workspace and copies the real rows and columns out).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -20,6 +27,7 @@ from schedule_templates.ir.nodes import (
     Buffer,
     Const,
     Expr,
+    IfThen,
     Kernel,
     Load,
     LoopKind,
@@ -46,6 +54,15 @@ from schedule_templates.workloads import BatchMatmul, Dense, Workload
 MAX_NR = 64
 MAX_MR = 16
 MAX_KU = 8
+
+
+def padded_extent(extent: int) -> int:
+    """The rows (or batch_matmul columns) a GEMM computes for an axis of ``extent``: itself when
+    it is small or has a divisor in 4..16 (stored configs of such shapes keep their meaning),
+    else the next multiple of 8."""
+    if extent <= MAX_MR or any(extent % d == 0 for d in range(4, MAX_MR + 1)):
+        return extent
+    return -(-extent // 8) * 8
 
 
 def gemm_space(M: int, N: int, K: int) -> ConfigSpace:
@@ -100,8 +117,9 @@ Finish = Callable[[Expr, Expr, Expr, Expr], Expr]  # (accumulator, batch, m, n) 
 
 
 def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC,
-              finish: Finish | None = None) -> Stmt:
-    """The loop nest shared by dense and batch_matmul; ``finish`` is the fused epilogue."""
+              finish: Finish | None = None, rows: int | None = None) -> Stmt:
+    """The loop nest shared by dense and batch_matmul; ``finish`` is the fused epilogue.
+    ``rows``: store only rows below it (the splits cover more rows than the output has)."""
     mo, mi, mr = cfg["tile_m"]
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
@@ -133,10 +151,14 @@ def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC,
         unroll_r(vec_j(store(acc[r, j], init))),
         k_inner(k_unroll(unroll_r(vec_j(
             store(acc[r, j], a(bb, m0 + r, k) * b(bb, panel, k, j) + acc[r, j]))))),
-        unroll_r(vec_j(store(c(bb, m0 + r, n0 + j), result))),
+        unroll_r(_guarded(m0 + r, rows, vec_j(store(c(bb, m0 + r, n0 + j), result)))),
     ))
     inner = vj_mk(vi_mk(tile)) if cfg["inner_order"] == "nm" else vi_mk(vj_mk(tile))
     return par(k_outer(inner))
+
+
+def _guarded(row: Expr, rows: int | None, body: Stmt) -> Stmt:
+    return body if rows is None else IfThen(row < rows, (body,))
 
 
 @register
@@ -150,25 +172,30 @@ class DenseX86(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = _as(workload, Dense)
-        return gemm_space(wl.M, wl.N, wl.K)
+        return gemm_space(padded_extent(wl.M), wl.N, wl.K)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Dense)
-        return gemm_default(self.space(wl), wl.M, wl.N, wl.K)
+        return gemm_default(self.space(wl), padded_extent(wl.M), wl.N, wl.K)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Dense)
         nr = config["tile_n"][2]
-        data = Buffer("data", (wl.M, wl.K))
+        extra = padded_extent(wl.M) - wl.M  # rows computed past the output, never stored
+        data = Buffer("data", (wl.M, wl.K), slack=extra * wl.K)
         packed = Buffer("weight_packed", (wl.N // nr, wl.K, nr))
-        out = Buffer("out", (wl.M, wl.N))
+        out = Buffer("out", (wl.M, wl.N), slack=extra * wl.N)  # partial sums are reloaded
         epilogue = epilogue_stage(wl)
+        if extra and epilogue.residual is not None:
+            epilogue = dataclasses.replace(epilogue, residual=dataclasses.replace(
+                epilogue.residual, slack=extra * wl.N))
         body = gemm_nest(
             config, 1,
             a=lambda _b, m, k: data[m, k],
             b=lambda _b, p, k, j: packed[p, k, j],
             c=lambda _b, m, n: out[m, n],
             finish=(lambda v, _b, m, n: epilogue.apply(v, n, (m, n))) if wl.epilogue else None,
+            rows=wl.M if extra else None,
         )
         return Kernel("dense_x86", (data, packed, *epilogue.buffers, out), (), (body,))
 
@@ -192,24 +219,38 @@ class BatchMatmulX86(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = _as(workload, BatchMatmul)
-        return gemm_space(wl.M, wl.N, wl.K)
+        return gemm_space(padded_extent(wl.M), padded_extent(wl.N), wl.K)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, BatchMatmul)
-        return gemm_default(self.space(wl), wl.M, wl.N, wl.K)
+        return gemm_default(self.space(wl), padded_extent(wl.M), padded_extent(wl.N), wl.K)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, BatchMatmul)
         nr = config["tile_n"][2]
-        x = Buffer("x", (wl.B, wl.M, wl.K))
-        y = Buffer("y", (wl.B, wl.K, wl.N))
+        mp, np_ = padded_extent(wl.M), padded_extent(wl.N)
+        # extra rows of x and columns of y read into the next ones (slack after the last)
+        x = Buffer("x", (wl.B, wl.M, wl.K), slack=(mp - wl.M) * wl.K)
+        y = Buffer("y", (wl.B, wl.K, wl.N), slack=np_ - wl.N)
         out = Buffer("out", (wl.B, wl.M, wl.N))
+        if (mp, np_) == (wl.M, wl.N):
+            body = gemm_nest(
+                config, wl.B,
+                a=lambda b, m, k: x[b, m, k],
+                b=lambda b, p, k, j: y[b, k, p * nr + j],
+                c=lambda b, m, n: out[b, m, n],
+            )
+            return Kernel("batch_matmul_x86", (x, y, out), (), (body,))
+        padded = Buffer("out_padded", (wl.B, mp, np_), Scope.WORKSPACE)
         body = gemm_nest(
             config, wl.B,
             a=lambda b, m, k: x[b, m, k],
             b=lambda b, p, k, j: y[b, k, p * nr + j],
-            c=lambda b, m, n: out[b, m, n],
+            c=lambda b, m, n: padded[b, m, n],
         )
-        return Kernel("batch_matmul_x86", (x, y, out), (), (body,))
+        q, rows = loop("q", wl.B * wl.M, LoopKind.PARALLEL)
+        n, vec_n = loop("n", wl.N, LoopKind.VECTORIZE)
+        copy = rows(vec_n(store(out[q // wl.M, q % wl.M, n], padded[q // wl.M, q % wl.M, n])))
+        return Kernel("batch_matmul_x86", (x, y, out), (padded,), (body, copy))
 
 
