@@ -8,8 +8,8 @@ random valid configs plus the neighbours of the best one, at each ``--threads`` 
 in-process (``schedule_templates.runtime``): warm-up, then the median of ``--runs`` calls. The
 machine may be shared, so the default and the best are finally timed again in alternation
 (``--confirm`` rounds) and the ratio reported is that of the confirmation medians. Prints JSON:
-per shape, default and best ms, default/best, the best config's entities; per template the
-geometric mean of default/best.
+per shape, default and best ms (``found_ms``: the searched config's, which a default may beat),
+default/best, the configs' entities; per template the geometric mean of default/best.
 
     python bench/defaults.py --random 48 --threads 1 2 --ops conv2d dense
 """
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from schedule_templates.errors import InvalidConfigError
 from schedule_templates.runtime import PreparedKernel, build
 from schedule_templates.space import Config
 from schedule_templates.templates.base import Template, get_template
@@ -152,11 +153,13 @@ def compare(key: str, threads: int, args: argparse.Namespace, known: Config | No
         for index in rounds:
             rounds[index].append(bench.measure(index))
     default_ms = statistics.median(rounds[default.index])
-    best_ms = min(statistics.median(rounds[best]), default_ms)  # the default is in the space
+    found_ms = statistics.median(rounds[best])
+    best_ms = min(found_ms, default_ms)  # the default is in the space too
     for kernel in bench.kernels.values():
         kernel.close()
     return {"workload": key, "template": bench.template.name, "threads": threads,
             "default_ms": round(default_ms, 4), "best_ms": round(best_ms, 4),
+            "found_ms": round(found_ms, 4),
             "default_over_best": round(default_ms / best_ms, 3),
             "default": _entities(bench.space.get(default.index)),
             "best": _entities(bench.space.get(best))}
@@ -166,15 +169,19 @@ def _entities(config: Config) -> dict[str, Any]:
     return {name: value for name, _kind, value in config.to_json()["entity"]}
 
 
-def earlier_bests(path: Path) -> dict[tuple[str, int], Config]:
+def earlier_bests(path: Path) -> dict[tuple[str, int], Config | None]:
     """(workload key, threads) -> best config of an earlier run's output, to time a changed
-    default against without searching again."""
-    bests = {}
+    default against without searching again; None where the space has changed since (that
+    shape is searched again)."""
+    bests: dict[tuple[str, int], Config | None] = {}
     for row in json.loads(path.read_text())["shapes"]:
         workload = parse_workload(row["workload"])
         space = get_template(workload.op).space(workload)
-        entity = [[k.name, k.kind, row["best"][k.name]] for k in space.knobs]
-        bests[row["workload"], row["threads"]] = space.from_json({"entity": entity})
+        try:
+            entity = [[k.name, k.kind, row["best"][k.name]] for k in space.knobs]
+            bests[row["workload"], row["threads"]] = space.from_json({"entity": entity})
+        except (KeyError, InvalidConfigError):
+            bests[row["workload"], row["threads"]] = None
     return bests
 
 
@@ -194,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, action="append", default=[],
                         help="an ONNX file whose layers are measured too (repeatable)")
+    parser.add_argument("--workload", action="append", default=[],
+                        help="measure this workload key instead of the model layers (repeatable)")
     parser.add_argument("--ops", nargs="*", default=None, help="only these operators")
     parser.add_argument("--match", default=None, help="only workload keys containing this")
     parser.add_argument("--limit", type=int, default=None, help="at most this many per op")
@@ -203,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirm", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--best-from", type=Path, default=None,
-                        help="an earlier run's JSON: time its best configs, do not search")
+                        help="an earlier run's JSON: time its shapes' best configs instead of "
+                             "searching (searching again where the space has changed)")
     args = parser.parse_args(argv)
     for model in args.model:
         if not model.is_file():
             parser.error(f"--model {model}: no such file")
-    keys = [k for k in layer_keys(args.model)
+    keys = [k for k in args.workload or layer_keys(args.model)
             if (args.ops is None or parse_workload(k).op in args.ops)
             and (args.match is None or args.match in k)]
     if args.limit is not None:

@@ -29,11 +29,11 @@ def three_way(extent: int, inner: int, middle_target: int) -> tuple[int, int, in
     return rest // middle, middle, inner
 
 
-def reduction_split(extent: int, inner: int, block_target: int) -> tuple[int, int, int]:
-    """(outer, middle, inner) of a reduction blocked into ``middle*inner`` near
-    ``block_target``; when no divisor comes within half of it (a prime extent, say) the
-    reduction stays one block rather than being cut into slivers, each of which would store
-    and reload its partial sums."""
+def block_split(extent: int, inner: int, block_target: int) -> tuple[int, int, int]:
+    """(outer, middle, inner) with ``middle*inner`` near ``block_target``; when no divisor
+    comes within half of it (a prime extent, say) the next larger one is taken, at worst one
+    block, rather than slivers: a sliver of a reduction stores and reloads its partial sums,
+    a sliver of rows rereads the other operand from memory once per row."""
     rest = extent // inner
     target = min(rest, max(1, block_target // inner))
     below = max(d for d in divisors(rest) if d <= target)

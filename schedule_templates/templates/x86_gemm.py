@@ -43,9 +43,8 @@ from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.choose import (
     ACC_REGISTERS,
+    block_split,
     largest_divisor,
-    reduction_split,
-    three_way,
     vregs,
 )
 from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
@@ -98,13 +97,23 @@ def register_tile(M: int, N: int) -> tuple[int, int]:
     return best[2], best[1]
 
 
-def gemm_default(space: ConfigSpace, M: int, N: int, K: int) -> Config:
+#: parallel iterations the default asks for (where the shape allows): several per thread, so
+#: that two or four threads get even shares
+PARALLEL_TASKS = 8
+
+
+def gemm_default(space: ConfigSpace, M: int, N: int, K: int, batch: int = 1) -> Config:
     mr, nr = register_tile(M, N)
     ku = largest_divisor(K, MAX_KU, prefer=(4, 2))
+    tile_m = block_split(M, mr, 96)
+    # column blocks of up to 256, fewer panels each where too few parallel iterations are left
+    panels = N // nr
+    wanted = max(1, panels * batch * tile_m[0] // PARALLEL_TASKS)
+    ni = largest_divisor(panels, max(1, min(256 // nr, wanted)))
     return space.from_entities({
-        "tile_m": three_way(M, mr, 96),
-        "tile_n": three_way(N, nr, 256),
-        "tile_k": reduction_split(K, ku, PANEL_BYTES // (4 * nr)),
+        "tile_m": tile_m,
+        "tile_n": (panels // ni, ni, nr),
+        "tile_k": block_split(K, ku, PANEL_BYTES // (4 * nr)),
         "outer_order": "nm",
         "inner_order": "nm",
     })
@@ -223,7 +232,8 @@ class BatchMatmulX86(Template):
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, BatchMatmul)
-        return gemm_default(self.space(wl), padded_extent(wl.M), padded_extent(wl.N), wl.K)
+        return gemm_default(self.space(wl), padded_extent(wl.M), padded_extent(wl.N), wl.K,
+                            wl.B)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, BatchMatmul)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import get_template
-from schedule_templates.templates.choose import ACC_REGISTERS, reduction_split, vregs
+from schedule_templates.templates.choose import ACC_REGISTERS, block_split, vregs
 from schedule_templates.templates.x86_gemm import register_tile
 from schedule_templates.workloads import parse_workload
 
@@ -103,8 +103,18 @@ def test_defaults_match_numpy(key):
 
 def test_gemm_default_fills_the_accumulators_and_blocks_the_reduction():
     assert register_tile(128, 768) == (8, 48)  # 24 accumulators, not 4 x 64's 16
-    assert register_tile(197, 768) == (1, 64)  # a prime M leaves only single rows
-    assert reduction_split(768, 4, 32 * 1024 // (4 * 48)) == (6, 32, 4)
+    assert register_tile(197, 768) == (1, 64)  # why the template pads such an M first
+    assert block_split(768, 4, 32 * 1024 // (4 * 48)) == (6, 32, 4)
     # a prime reduction stays one block: slivers would store and reload partial sums
-    assert reduction_split(197, 1, 128) == (1, 197, 1)
-    assert reduction_split(8, 4, 4096) == (1, 2, 4)
+    assert block_split(197, 1, 128) == (1, 197, 1)
+    assert block_split(8, 4, 4096) == (1, 2, 4)
+
+
+@pytest.mark.parametrize("key", ["dense:M=197,N=768,K=768", "dense:M=1,N=1000,K=512",
+                                 "dense:M=128,N=768,K=768", "batch_matmul:B=12,M=197,N=197,K=64"])
+def test_gemm_default_gives_two_threads_even_work(key):
+    workload = parse_workload(key)
+    config = get_template(workload.op).default_config(workload)
+    batch = getattr(workload, "B", 1)
+    assert batch * config["tile_m"][0] * config["tile_n"][0] >= 8
+    assert config["tile_m"][2] * vregs(config["tile_n"][2]) >= 4
