@@ -103,11 +103,15 @@ class Conv2dX86(Template):
         else:
             owt = largest_divisor(wl.out_w, pixels, prefer=(14, 8, 7))
         oht = largest_divisor(wl.out_h, max(1, pixels // owt))
+        # rows outermost when a layer narrows its channels and its input outweighs its weights:
+        # each input row is then read once, the weights stay cached (ResNet-50's 256->64 and
+        # 512->128 1x1 convs: ~12% faster; 64->256 and 1024->256 at 14x14: ~2-18% slower)
+        narrowing = wl.C > wl.K and wl.H * wl.W > wl.K * wl.R * wl.S
         return self.space(wl).from_entities({
             "tile_k": (wl.K // kt, kt),
             "tile_oh": (wl.out_h // oht, oht),
             "tile_ow": (wl.out_w // owt, owt),
-            "outer_order": "k_h",
+            "outer_order": "h_k" if narrowing else "k_h",
             "reduce_order": "c_rs",
             "unroll_s": "unroll",
         })

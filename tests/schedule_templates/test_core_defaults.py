@@ -118,3 +118,12 @@ def test_gemm_default_gives_two_threads_even_work(key):
     batch = getattr(workload, "B", 1)
     assert batch * config["tile_m"][0] * config["tile_n"][0] >= 8
     assert config["tile_m"][2] * vregs(config["tile_n"][2]) >= 4
+
+
+@pytest.mark.parametrize(("key", "order"), [
+    ("conv2d:N=1,C=256,H=56,W=56,K=64,R=1,S=1", "h_k"),  # narrowing, input outweighs weights
+    ("conv2d:N=1,C=64,H=56,W=56,K=256,R=1,S=1", "k_h"),  # widening
+    ("conv2d:N=1,C=1024,H=14,W=14,K=256,R=1,S=1", "k_h"),  # weights outweigh the input
+])
+def test_conv2d_default_loop_order_follows_the_larger_operand(key, order):
+    assert get_template("conv2d").default_config(parse_workload(key))["outer_order"] == order
