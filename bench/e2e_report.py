@@ -141,9 +141,9 @@ jobs (embedded server, `{tuner}`, at most {trials} trials per task, at the measu
 count, one shared tuning database per thread count so that earlier models warm the log);
 "tuning trials / s" is the budget the job used. Ratios are peer ms / our ms (above 1: we are
 faster); "best peer" is the faster of onnxruntime and OpenVINO. Relative error: max |ours -
-onnxruntime| / max |onnxruntime| over the outputs (target 1e-4). OpenVINO is optional (`pip
-install openvino` into .venv); where it did not run, the best peer is onnxruntime and Problems
-says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLICY` in
+onnxruntime| / max |onnxruntime| over the outputs (target 1e-4). OpenVINO comes with `bash
+scripts/setup.sh` (the `bench` extra); where it did not run, the best peer is onnxruntime
+and Problems says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLICY` in
 `tuner_service/deploy/loader.py`).
 
 {host}
