@@ -121,8 +121,11 @@ class Database:
         self._read_engine: Engine | None = None
         reads: Engine = self.engine
         if self.engine.dialect.name == "sqlite":
-            # reads on a pool of their own: a burst of them never takes the writers' connections
-            self._read_engine = make_engine(self.url, busy_timeout_s, pool_size=20)
+            # reads on a pool of their own: a burst of them never takes the writers' connections.
+            # Sized for a burst of 200 dashboard readers (64 kept + 4x overflow = 320): with 20
+            # (+80) and the API's 12 handler threads (REQUEST_THREADS), such a burst sometimes
+            # waited past the busy timeout for a connection and got 503s.
+            self._read_engine = make_engine(self.url, busy_timeout_s, pool_size=64)
             reads = self._read_engine.execution_options(**{_READ: True})
         self._read_factory = sessionmaker(reads, expire_on_commit=False)
 
