@@ -196,7 +196,7 @@ class _Users:
                     self.count[name] = self.count.get(name, 0) + 1
                     self.reader[name] = position
                     self.readers.setdefault(name, []).append(position)
-            for name in _subgraph_reads(node):
+            for name in subgraph_reads(node):
                 self.count[name] = self.count.get(name, 0) + 1
             for name in node.output:
                 self.producer[name] = position
@@ -221,13 +221,14 @@ class _Users:
         return self.producer.get(name, position) < position
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Tensors a node's subgraphs (If/Loop/Scan bodies) read, at any depth."""
     names: set[str] = set()
     for attr in node.attribute:
         for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
             for inner in sub.node:
                 names.update(n for n in inner.input if n)
-                names |= _subgraph_reads(inner)
+                names |= subgraph_reads(inner)
     return names
 
 

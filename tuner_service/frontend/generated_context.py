@@ -22,7 +22,7 @@ import onnx.helper
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError, op_from_json
 from tuner_service.frontend.errors import ModelError
 from tuner_service.frontend.folding import SMALL_ELEMENTS, ConstantValues
-from tuner_service.frontend.fusion import node_name
+from tuner_service.frontend.fusion import node_name, subgraph_reads
 from tuner_service.frontend.graph import GraphIndex
 
 Shape = tuple[int, ...]
@@ -99,7 +99,7 @@ class PlanContext:
             out for node in proto.graph.node if node.op_type == "Constant"
             and node.domain in ("", "ai.onnx") for out in node.output}
         for node in proto.graph.node:
-            for name in [*node.input, *_subgraph_reads(node)]:
+            for name in [*node.input, *subgraph_reads(node)]:
                 if name:
                     self.readers[name] = self.readers.get(name, 0) + 1
 
@@ -176,13 +176,3 @@ def axis_of(axis: int, rank: int) -> int:
     if not -rank <= axis < rank:
         raise Refused(f"axis {axis} is out of range for rank {rank}")
     return axis % rank
-
-
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    names: set[str] = set()
-    for a in node.attribute:
-        for sub in [a.g] if a.HasField("g") else list(a.graphs):
-            for inner in sub.node:
-                names.update(n for n in inner.input if n)
-                names |= _subgraph_reads(inner)
-    return names
