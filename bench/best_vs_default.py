@@ -24,7 +24,7 @@ from typing import Any
 from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import template_by_name
 from schedule_templates.workloads import parse_workload
-from tuner_service.deploy.configs import TunedEntry, load_configs_file
+from tuner_service.compiler.deploy.configs import TunedEntry, load_configs_file
 from workers.backends import BackendSpec, create_backend
 from workers.hardware import device_class
 from workers.measure.hygiene import QuietGauge

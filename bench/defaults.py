@@ -33,8 +33,8 @@ from schedule_templates.runtime import PreparedKernel, build
 from schedule_templates.space import Config
 from schedule_templates.templates.base import Template, get_template
 from schedule_templates.workloads import Workload, parse_workload
-from tuner_service.frontend.extract import extract_tasks
-from tuner_service.frontend.samples import SAMPLE_MODELS, sample_model_bytes
+from tuner_service.compiler.frontend.extract import extract_tasks
+from tuner_service.compiler.frontend.samples import SAMPLE_MODELS, sample_model_bytes
 
 #: layers of zoo models whose kinds the samples lack (read off the torchvision architectures):
 #: ResNet-50 bottlenecks, MobileNet-v3 / EfficientNet-B0 depthwise 5x5 and squeeze-excite

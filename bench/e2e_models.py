@@ -11,7 +11,7 @@ from pathlib import Path
 from zoo import MODELS as ZOO_MODELS
 from zoo import export
 
-from tuner_service.frontend.samples import SAMPLE_MODELS, build_sample_model
+from tuner_service.compiler.frontend.samples import SAMPLE_MODELS, build_sample_model
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".e2e-cache"

@@ -144,7 +144,7 @@ faster); "best peer" is the faster of onnxruntime and OpenVINO. Relative error: 
 onnxruntime| / max |onnxruntime| over the outputs (target 1e-4). OpenVINO comes with `bash
 scripts/setup.sh` (the `bench` extra); where it did not run, the best peer is onnxruntime
 and Problems says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLICY` in
-`tuner_service/deploy/loader.py`).
+`tuner_service/compiler/deploy/loader.py`).
 
 {host}
 {load_note}

@@ -24,8 +24,8 @@ import onnx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tuner_service.deploy.timing import time_runs  # noqa: E402
-from tuner_service.frontend.samples import build_sample_model  # noqa: E402
+from tuner_service.compiler.deploy.timing import time_runs  # noqa: E402
+from tuner_service.compiler.frontend.samples import build_sample_model  # noqa: E402
 
 MIN_SECONDS = 1.0  # keep sampling this long at least: the machine may be shared
 

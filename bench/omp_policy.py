@@ -8,7 +8,7 @@ touches every policy alike.
                                [--iterations 20] [--library DIR]
 
 Prints JSON: per policy, the median latency of every run and their median and minimum. The
-runtime's own choice is ``WAIT_POLICY`` in ``tuner_service/deploy/loader.py`` (a user's own
+runtime's own choice is ``WAIT_POLICY`` in ``tuner_service/compiler/deploy/loader.py`` (a user's own
 OMP_WAIT_POLICY / GOMP_SPINCOUNT wins); this measures what to set it to. Spinning helps only
 when every thread has a core to itself: run it both on an idle and on a loaded machine.
 """

@@ -22,7 +22,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tuner_service.deploy.timing import time_runs  # noqa: E402
+from tuner_service.compiler.deploy.timing import time_runs  # noqa: E402
 
 #: onnxruntime's type strings -> numpy dtypes of the inputs the zoo has
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64,

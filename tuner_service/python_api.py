@@ -66,8 +66,8 @@ def build(model: str | Path | bytes, configs: str | Path | None, output: str | P
     of ``tune``, ``tuner fetch`` JSON or records; None: template defaults) into
     ``output/libmodel.so`` plus ``output/manifest.json``; returns ``output``. ``threads``:
     the library's default run count (default: the count the configs were tuned at)."""
-    from tuner_service.deploy.configs import ConfigBook, load_configs_file
-    from tuner_service.deploy.library import build_library
+    from tuner_service.compiler.deploy.configs import ConfigBook, load_configs_file
+    from tuner_service.compiler.deploy.library import build_library
 
     data, _ = read_model(model)
     book = load_configs_file(Path(configs)) if configs is not None else ConfigBook(target="llvm")
@@ -100,7 +100,7 @@ class LoadedModel:
     def benchmark(self, inputs: Mapping[str, Any] | None = None, iterations: int = 20
                   ) -> dict[str, float]:
         """Median/p90/mean/min seconds per inference over ``iterations`` runs."""
-        from tuner_service.deploy.timing import time_runs
+        from tuner_service.compiler.deploy.timing import time_runs
 
         feeds = dict(inputs) if inputs is not None else self.random_inputs()
         return time_runs(lambda: self._runner.run(feeds), iterations)
@@ -109,8 +109,8 @@ class LoadedModel:
 def load(library: str | Path, model: str | Path | bytes, *, threads: int | None = None
          ) -> LoadedModel:
     """Bind ``model`` to the library ``build`` wrote (kernel threads: the build's count)."""
-    from tuner_service.deploy.executor import ModelRunner
-    from tuner_service.deploy.loader import KernelLibrary, read_manifest
+    from tuner_service.compiler.deploy.executor import ModelRunner
+    from tuner_service.compiler.deploy.loader import KernelLibrary, read_manifest
 
     directory = Path(library)
     count = threads or int(read_manifest(directory).get("threads", 1))

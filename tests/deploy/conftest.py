@@ -17,7 +17,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import helper, numpy_helper  # noqa: E402
 
-from tuner_service.deploy.configs import ConfigBook  # noqa: E402
+from tuner_service.compiler.deploy.configs import ConfigBook  # noqa: E402
 
 RunModel = Callable[..., tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
 
@@ -67,9 +67,9 @@ def assert_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray],
 def run_model(tmp_path: Path) -> RunModel:
     """Build a library for ``model`` (default configs unless a book is given), run it on seeded
     random inputs, return (our outputs, onnxruntime's outputs)."""
-    from tuner_service.deploy.executor import ModelRunner
-    from tuner_service.deploy.library import build_library
-    from tuner_service.deploy.loader import KernelLibrary
+    from tuner_service.compiler.deploy.executor import ModelRunner
+    from tuner_service.compiler.deploy.library import build_library
+    from tuner_service.compiler.deploy.loader import KernelLibrary
 
     def run(model: Any, book: ConfigBook | None = None, threads: int = 1, seed: int = 0
             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -16,11 +16,11 @@ from onnx import helper
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
 from tuner_service.cli.main import main
-from tuner_service.deploy.configs import ConfigBook, TunedEntry, load_configs_file
-from tuner_service.deploy.errors import ConfigSourceError
-from tuner_service.deploy.library import build_library
-from tuner_service.frontend.fusion import plan_layers
-from tuner_service.frontend.loading import load_model
+from tuner_service.compiler.deploy.configs import ConfigBook, TunedEntry, load_configs_file
+from tuner_service.compiler.deploy.errors import ConfigSourceError
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.frontend.fusion import plan_layers
+from tuner_service.compiler.frontend.loading import load_model
 
 BASE = "conv2d:N=1,C=8,H=6,W=6,K=8,R=3,S=3,pad=1"
 
@@ -140,7 +140,7 @@ def test_thread_count_travels_with_the_configs_into_the_manifest(tmp_path: Path)
 def test_another_thread_count_than_the_tuned_one_is_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     book = load_configs_file(_fetch_document(tmp_path, threads=2))
-    with caplog.at_level(logging.WARNING, logger="tuner_service.deploy"):
+    with caplog.at_level(logging.WARNING, logger="tuner_service.compiler.deploy"):
         manifest = build_library(three_variants(), book, tmp_path / "lib", threads=1)
     assert manifest["threads"] == 1 and manifest["tuned_threads"] == 2
     assert "tuned at 2 thread(s)" in caplog.text
@@ -188,9 +188,9 @@ def test_run_at_another_thread_count_than_the_tuned_one_warns(
 def test_a_tuned_config_per_extracted_task_covers_every_layer(name: str) -> None:
     """A job tunes one workload per task (its most frequent fused variant): with a config for
     each task, every layer of the build finds one (the quick start's 12 of 19 before)."""
-    from tuner_service.deploy.library import fallback_keys
-    from tuner_service.frontend.extract import extract_tasks
-    from tuner_service.frontend.samples import build_sample_model
+    from tuner_service.compiler.deploy.library import fallback_keys
+    from tuner_service.compiler.frontend.extract import extract_tasks
+    from tuner_service.compiler.frontend.samples import build_sample_model
 
     model = build_sample_model(name)
     entries = []

@@ -16,10 +16,10 @@ import pytest
 from conftest import assert_close, make_model, onnxruntime_outputs
 from onnx import helper
 
-from tuner_service.deploy.configs import ConfigBook
-from tuner_service.deploy.executor import OPS, ModelRunner
-from tuner_service.deploy.library import build_library
-from tuner_service.deploy.loader import KernelLibrary
+from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.executor import OPS, ModelRunner
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
 
 
 def _conv_then(op: str, **attrs: Any) -> Any:
@@ -45,7 +45,7 @@ def test_missing_operator_runs_in_the_reference_evaluator(
         ) -> None:
     model = _conv_then(op, **attrs)
     build_library(model, ConfigBook(), tmp_path)
-    with caplog.at_level("WARNING", logger="tuner_service.deploy"):
+    with caplog.at_level("WARNING", logger="tuner_service.compiler.deploy"):
         runner = ModelRunner(model, KernelLibrary(tmp_path))
     assert f"operator {op}" in caplog.text and f"the_{op.lower()}" in caplog.text
     assert "reference evaluator" in caplog.text

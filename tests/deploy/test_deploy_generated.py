@@ -14,14 +14,14 @@ from conftest import make_model, onnxruntime_outputs
 from onnx import helper
 
 from schedule_templates.ops.base import op_kinds
-from tuner_service.deploy.configs import ConfigBook
-from tuner_service.deploy.errors import LibraryError
-from tuner_service.deploy.executor import ModelRunner
-from tuner_service.deploy.generated_step import GeneratedStep
-from tuner_service.deploy.kernel_step import KernelStep
-from tuner_service.deploy.library import build_library
-from tuner_service.deploy.loader import KernelLibrary
-from tuner_service.frontend.samples import build_sample_model
+from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.errors import LibraryError
+from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.generated_step import GeneratedStep
+from tuner_service.compiler.deploy.kernel_step import KernelStep
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.frontend.samples import build_sample_model
 
 
 def needs(*kinds: str) -> None:

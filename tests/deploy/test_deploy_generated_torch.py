@@ -19,11 +19,11 @@ from conftest import onnxruntime_outputs
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
-from tuner_service.deploy.configs import ConfigBook  # noqa: E402
-from tuner_service.deploy.executor import ModelRunner  # noqa: E402
-from tuner_service.deploy.kernel_step import KernelStep  # noqa: E402
-from tuner_service.deploy.library import build_library  # noqa: E402
-from tuner_service.deploy.loader import KernelLibrary  # noqa: E402
+from tuner_service.compiler.deploy.configs import ConfigBook  # noqa: E402
+from tuner_service.compiler.deploy.executor import ModelRunner  # noqa: E402
+from tuner_service.compiler.deploy.kernel_step import KernelStep  # noqa: E402
+from tuner_service.compiler.deploy.library import build_library  # noqa: E402
+from tuner_service.compiler.deploy.loader import KernelLibrary  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional

@@ -14,7 +14,7 @@ from onnx import helper
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
-from tuner_service.deploy.configs import ConfigBook, TunedEntry
+from tuner_service.compiler.deploy.configs import ConfigBook, TunedEntry
 
 RNG = np.random.default_rng(11)
 

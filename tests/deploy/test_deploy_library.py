@@ -17,11 +17,11 @@ from onnx import helper
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
-from tuner_service.deploy.configs import ConfigBook, TunedEntry, load_configs_file
-from tuner_service.deploy.errors import LibraryError, UnsupportedOperatorError
-from tuner_service.deploy.executor import ModelRunner
-from tuner_service.deploy.library import build_library
-from tuner_service.deploy.loader import KernelLibrary
+from tuner_service.compiler.deploy.configs import ConfigBook, TunedEntry, load_configs_file
+from tuner_service.compiler.deploy.errors import LibraryError, UnsupportedOperatorError
+from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
 
 CONV_KEY = "conv2d:N=1,C=8,H=8,W=8,K=16,R=3,S=3,pad=1"
 
@@ -72,7 +72,7 @@ def test_manifest_describes_every_kernel_and_layer(tmp_path: Path) -> None:
 
 def test_missing_config_falls_back_to_default_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="tuner_service.deploy")
+    caplog.set_level(logging.WARNING, logger="tuner_service.compiler.deploy")
     manifest = build_library(two_convs(("first", "second")), ConfigBook(), tmp_path)
     (kernel,) = manifest["kernels"]
     template = get_template("conv2d")
@@ -99,7 +99,7 @@ def test_fused_workloads_use_the_base_workloads_records() -> None:
 
     fused = workload.with_epilogue(parse_epilogue("bias+relu"))
     book, index = tuned_book()
-    from tuner_service.deploy.library import fallback_keys
+    from tuner_service.compiler.deploy.library import fallback_keys
 
     choice = book.choose(fused, get_template("conv2d"), fallback_keys(fused))
     assert choice is not None and choice.config.index == index

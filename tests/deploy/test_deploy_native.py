@@ -15,14 +15,14 @@ from conftest import assert_close, make_model, onnxruntime_outputs
 from onnx import helper
 
 from tuner_service.cli.main import main
-from tuner_service.deploy.configs import ConfigBook
-from tuner_service.deploy.executor import ModelRunner
-from tuner_service.deploy.library import build_library
-from tuner_service.deploy.loader import KernelLibrary
-from tuner_service.deploy.memory_plan import BufferRequest, check_plan, plan_memory
-from tuner_service.deploy.native import NativeError
-from tuner_service.deploy.native_export import PROGRAM_FILE, WEIGHTS_FILE, export_model
-from tuner_service.frontend.samples import SAMPLE_MODELS, build_sample_model
+from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.deploy.memory_plan import BufferRequest, check_plan, plan_memory
+from tuner_service.compiler.deploy.native import NativeError
+from tuner_service.compiler.deploy.native_export import PROGRAM_FILE, WEIGHTS_FILE, export_model
+from tuner_service.compiler.frontend.samples import SAMPLE_MODELS, build_sample_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -212,7 +212,7 @@ def test_a_tensor_that_is_not_dense_is_copied_into_its_planned_buffer(tmp_path: 
 
 def test_a_library_without_the_runtime_runs_step_by_step(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import tuner_service.deploy.executor as executor
+    import tuner_service.compiler.deploy.executor as executor
 
     def refuse(*args: Any) -> Any:
         raise NativeError("libmodel.so has no native runtime")

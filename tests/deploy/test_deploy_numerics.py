@@ -160,7 +160,7 @@ def test_shape_subgraphs_are_folded(run_model: RunModel) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_block"])
 def test_sample_models_match_onnxruntime(run_model: RunModel, name: str) -> None:
-    from tuner_service.frontend.samples import build_sample_model
+    from tuner_service.compiler.frontend.samples import build_sample_model
 
     got, want = run_model(build_sample_model(name))
     assert_close(got, want, rtol=1e-3)

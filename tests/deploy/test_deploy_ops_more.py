@@ -146,7 +146,7 @@ def _id(model: Any) -> str:
 @pytest.mark.parametrize("model", IMAGE + ELEMENTWISE + REDUCTIONS + INDEXING + TIES, ids=_id)
 def test_operator_matches_onnxruntime(run_model: RunModel, model: Any,
                                       caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="tuner_service.deploy"):
+    with caplog.at_level("WARNING", logger="tuner_service.compiler.deploy"):
         got, want = run_model(model)
     assert "reference evaluator" not in caplog.text  # ours ran it, not the fallback
     assert_close(got, want, rtol=2e-5)
@@ -155,7 +155,7 @@ def test_operator_matches_onnxruntime(run_model: RunModel, model: Any,
 def test_cubic_resize_is_refused_by_ours_and_runs_in_the_reference_evaluator(
         run_model: RunModel, caplog: pytest.LogCaptureFixture) -> None:
     model = _resize((1, 2, 5, 7), _f32(1, 1, 2, 2), mode="cubic")
-    with caplog.at_level("WARNING", logger="tuner_service.deploy"):
+    with caplog.at_level("WARNING", logger="tuner_service.compiler.deploy"):
         got, want = run_model(model)
     assert "Resize" in caplog.text and "reference evaluator" in caplog.text
     assert "cubic" in caplog.text

@@ -84,7 +84,7 @@ def test_build_uses_the_servers_tuning_log(live_server: tuple[str, dict[str, str
 
 def test_a_jobs_configs_carry_the_thread_count_it_measured_at(
         client: Any, tokens: dict[str, str], tmp_path: Path) -> None:
-    from tuner_service.deploy.configs import load_configs_file
+    from tuner_service.compiler.deploy.configs import load_configs_file
 
     answer = client.post("/api/v1/jobs", headers={"Authorization": f"Bearer {tokens['user']}"},
                          json={"workloads": [CONV_KEY], "target": "llvm", "threads": 2,

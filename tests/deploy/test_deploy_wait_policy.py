@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuner_service.deploy.loader import apply_wait_policy
+from tuner_service.compiler.deploy.loader import apply_wait_policy
 
 
 def test_no_policy_leaves_libgomps_default() -> None:

@@ -17,7 +17,7 @@ TinyModel = Callable[..., Any]
 @pytest.fixture(scope="session")
 def sample_model() -> Callable[[str], Any]:
     """Build each sample model at most once per session (ResNet-18 takes most of a second)."""
-    from tuner_service.frontend.samples import build_sample_model
+    from tuner_service.compiler.frontend.samples import build_sample_model
 
     cache: dict[str, Any] = {}
 

@@ -12,8 +12,8 @@ import onnxruntime as ort
 
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import get_template
-from tuner_service.frontend.extract import extract_tasks
-from tuner_service.frontend.fusion import Layer, plan_layers
+from tuner_service.compiler.frontend.extract import extract_tasks
+from tuner_service.compiler.frontend.fusion import Layer, plan_layers
 
 ANCHORS = {"Conv", "Gemm", "MatMul"}
 

@@ -14,15 +14,15 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 
-from tuner_service.frontend.archive import (  # noqa: E402
+from tuner_service.compiler.frontend.archive import (  # noqa: E402
     ArchiveLimits,
     is_archive,
     model_upload,
     pack_model,
     read_archive,
 )
-from tuner_service.frontend.errors import ModelError, ModelTooLarge  # noqa: E402
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.errors import ModelError, ModelTooLarge  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
 
 LIMITS = ArchiveLimits(max_bytes=1 << 20, max_members=16)
 CONV_KEY = "conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1"

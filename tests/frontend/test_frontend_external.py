@@ -12,10 +12,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 
-from tuner_service.frontend.errors import ModelError  # noqa: E402
-from tuner_service.frontend.external import check_location  # noqa: E402
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
-from tuner_service.frontend.loading import load_model  # noqa: E402
+from tuner_service.compiler.frontend.errors import ModelError  # noqa: E402
+from tuner_service.compiler.frontend.external import check_location  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.loading import load_model  # noqa: E402
 
 CONV_KEY = "conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1"
 

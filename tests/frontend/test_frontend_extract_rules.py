@@ -16,8 +16,8 @@ from schedule_templates.workloads import (  # noqa: E402
     GroupConv2d,
     parse_workload,
 )
-from tuner_service.frontend.errors import ModelError  # noqa: E402
-from tuner_service.frontend.extract import ExtractionResult, extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.errors import ModelError  # noqa: E402
+from tuner_service.compiler.frontend.extract import ExtractionResult, extract_tasks  # noqa: E402
 
 RNG = np.random.default_rng(7)
 

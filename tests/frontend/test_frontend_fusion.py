@@ -15,8 +15,8 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from fusion_support import check_plan  # noqa: E402
 
-from tuner_service.frontend.fusion import plan_layers  # noqa: E402
-from tuner_service.frontend.graph import index_graph  # noqa: E402
+from tuner_service.compiler.frontend.fusion import plan_layers  # noqa: E402
+from tuner_service.compiler.frontend.graph import index_graph  # noqa: E402
 
 # --- sample models ---------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ pytest.importorskip("onnxruntime")
 from fusion_support import check_plan  # noqa: E402
 from onnx import helper  # noqa: E402
 
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
-from tuner_service.frontend.fusion import plan_layers  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.fusion import plan_layers  # noqa: E402
 
 RNG = np.random.default_rng(5)
 X = (1, 4, 6, 6)  # conv input; the 3x3 conv with padding keeps 6x6 and makes 8 channels

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402
 
-from tuner_service.frontend.errors import FrontendError, ModelError  # noqa: E402
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.errors import FrontendError, ModelError  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 from schedule_templates.workloads import parse_workload  # noqa: E402
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
-from tuner_service.frontend.fusion import plan_layers  # noqa: E402
-from tuner_service.frontend.samples import (  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.fusion import plan_layers  # noqa: E402
+from tuner_service.compiler.frontend.samples import (  # noqa: E402
     SAMPLE_MODELS,
     build_sample_model,
     sample_model_bytes,

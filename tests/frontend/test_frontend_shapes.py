@@ -11,10 +11,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tuner_service.frontend.errors import ModelError  # noqa: E402
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
-from tuner_service.frontend.loading import load_model  # noqa: E402
-from tuner_service.frontend.shapes import (  # noqa: E402
+from tuner_service.compiler.frontend.errors import ModelError  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.loading import load_model  # noqa: E402
+from tuner_service.compiler.frontend.shapes import (  # noqa: E402
     format_input_shapes,
     parse_input_shape,
     parse_input_shapes,

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
-from tuner_service.frontend.extract import ExtractionResult, extract_tasks  # noqa: E402
+from tuner_service.compiler.frontend.extract import ExtractionResult, extract_tasks  # noqa: E402
 
 
 class _BatchedMatmul(torch.nn.Module):

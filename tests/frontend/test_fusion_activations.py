@@ -15,11 +15,11 @@ ort = pytest.importorskip("onnxruntime")
 from fusion_support import check_plan  # noqa: E402
 from onnx import helper  # noqa: E402
 
-from tuner_service.deploy.configs import ConfigBook  # noqa: E402
-from tuner_service.deploy.executor import ModelRunner  # noqa: E402
-from tuner_service.deploy.library import build_library  # noqa: E402
-from tuner_service.deploy.loader import KernelLibrary  # noqa: E402
-from tuner_service.frontend.extract import extract_tasks  # noqa: E402
+from tuner_service.compiler.deploy.configs import ConfigBook  # noqa: E402
+from tuner_service.compiler.deploy.executor import ModelRunner  # noqa: E402
+from tuner_service.compiler.deploy.library import build_library  # noqa: E402
+from tuner_service.compiler.deploy.loader import KernelLibrary  # noqa: E402
+from tuner_service.compiler.frontend.extract import extract_tasks  # noqa: E402
 
 RNG = np.random.default_rng(11)
 X = (1, 4, 6, 6)

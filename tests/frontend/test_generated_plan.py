@@ -16,10 +16,10 @@ from fusion_support import ort_values  # noqa: E402
 from onnx import helper  # noqa: E402
 
 from schedule_templates.ops.base import op_kinds  # noqa: E402
-from tuner_service.frontend.fusion import plan_layers  # noqa: E402
-from tuner_service.frontend.generated import GeneratedLayer, plan_generated  # noqa: E402
-from tuner_service.frontend.generated_elementwise import MAX_INSTRUCTIONS  # noqa: E402
-from tuner_service.frontend.loading import load_model  # noqa: E402
+from tuner_service.compiler.frontend.fusion import plan_layers  # noqa: E402
+from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated  # noqa: E402
+from tuner_service.compiler.frontend.generated_elementwise import MAX_INSTRUCTIONS  # noqa: E402
+from tuner_service.compiler.frontend.loading import load_model  # noqa: E402
 
 X = {"x": (2, 8, 6, 5)}
 TinyModel = Callable[..., Any]  # the ``tiny_model`` fixture
@@ -283,7 +283,7 @@ def test_tuned_layers_keep_their_nodes(sample_model: Any) -> None:
 def test_a_missing_operator_class_leaves_its_nodes_to_numpy(tiny_model: TinyModel,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    import tuner_service.frontend.generated_context as context
+    import tuner_service.compiler.frontend.generated_context as context
     from schedule_templates.ops.base import GeneratedOpError, op_from_json
 
     def without_softmax(data: Any) -> Any:

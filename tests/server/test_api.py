@@ -15,7 +15,7 @@ from .fakes import TOY_TARGET, FakeWorker, bearer
 
 @pytest.fixture(scope="module")
 def resnet18_bytes() -> bytes:
-    from tuner_service.frontend.samples import build_sample_model
+    from tuner_service.compiler.frontend.samples import build_sample_model
 
     return bytes(build_sample_model("resnet18").SerializeToString())
 

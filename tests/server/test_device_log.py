@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
+from tuner_service.compiler.deploy.configs import ConfigBook, entries_from_json, load_configs_file
 from tuner_service.db.engine import Database
 from tuner_service.db.models import TuningLogEntry
-from tuner_service.deploy.configs import ConfigBook, entries_from_json, load_configs_file
 from tuner_service.jobs.device import class_columns
 from tuner_service.settings import Settings
 

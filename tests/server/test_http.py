@@ -44,7 +44,7 @@ def test_submit_status_fetch_over_http(live_server: str, tokens: dict[str, str],
                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                        ) -> None:
     from tuner_service.cli.main import main
-    from tuner_service.frontend.samples import build_sample_model
+    from tuner_service.compiler.frontend.samples import build_sample_model
 
     model = tmp_path / "mobilenet.onnx"
     model.write_bytes(build_sample_model("mobilenet_v2").SerializeToString())
@@ -88,7 +88,7 @@ def test_sample_model_tuned_by_a_real_local_worker(
     import sys
 
     from tuner_service.cli.main import main
-    from tuner_service.frontend.samples import build_sample_model
+    from tuner_service.compiler.frontend.samples import build_sample_model
 
     model = tmp_path / "bert_block.onnx"
     model.write_bytes(build_sample_model("bert_block").SerializeToString())

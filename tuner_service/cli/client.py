@@ -134,7 +134,7 @@ def _upload_payload(path: Path) -> tuple[bytes, str]:
     """The model's bytes, or a zip of it and its external data files (which the server
     accepts as one model); without onnx installed, the file as it is."""
     try:
-        from tuner_service.frontend.archive import model_upload
+        from tuner_service.compiler.frontend.archive import model_upload
     except ImportError:
         return path.read_bytes(), path.name
     return model_upload(path)

@@ -81,8 +81,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _read_model(path: Path, args: argparse.Namespace) -> bytes | None:
     """The model as self-contained bytes: external data read from its folder, ``--input-shape``
     pinned, shape computations folded (the frontend's ``load_model``)."""
-    from tuner_service.frontend.errors import ModelError
-    from tuner_service.frontend.loading import load_model
+    from tuner_service.compiler.frontend.errors import ModelError
+    from tuner_service.compiler.frontend.loading import load_model
 
     try:
         return bytes(load_model(path, input_shapes(args)).SerializeToString())
@@ -92,9 +92,9 @@ def _read_model(path: Path, args: argparse.Namespace) -> bytes | None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from tuner_service.deploy.errors import DeployError
-    from tuner_service.deploy.library import build_library
-    from tuner_service.frontend.errors import FrontendError
+    from tuner_service.compiler.deploy.errors import DeployError
+    from tuner_service.compiler.deploy.library import build_library
+    from tuner_service.compiler.frontend.errors import FrontendError
 
     data = _read_model(args.model, args)
     if data is None:
@@ -130,13 +130,17 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def _standalone(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
-    from tuner_service.deploy.native_export import export_model
+    from tuner_service.compiler.deploy.native_export import export_model
 
     return export_model(data, args.output, args.threads, input_shapes(args))
 
 
 def _config_book(args: argparse.Namespace) -> Any:
-    from tuner_service.deploy.configs import ConfigBook, entries_from_json, load_configs_file
+    from tuner_service.compiler.deploy.configs import (
+        ConfigBook,
+        entries_from_json,
+        load_configs_file,
+    )
 
     if args.configs is not None:
         return load_configs_file(args.configs, args.target)
@@ -145,7 +149,7 @@ def _config_book(args: argparse.Namespace) -> Any:
         return ConfigBook(target=args.target)
     from tuner_service.cli.client import ClientError, ServiceClient, resolve_server
     from tuner_service.cli.log import local_device_class
-    from tuner_service.deploy.errors import ConfigSourceError
+    from tuner_service.compiler.deploy.errors import ConfigSourceError
 
     server, token = resolve_server(args)
     client = ServiceClient(server, token)
@@ -181,8 +185,8 @@ def run_run(args: argparse.Namespace) -> int:
     data = _read_model(args.model, args)
     if data is None:
         return EXIT_BAD_INPUT
-    from tuner_service.deploy.errors import DeployError, FeedError
-    from tuner_service.frontend.errors import FrontendError
+    from tuner_service.compiler.deploy.errors import DeployError, FeedError
+    from tuner_service.compiler.frontend.errors import FrontendError
 
     try:
         report = _execute(data, args)
@@ -207,14 +211,14 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
-    from tuner_service.deploy.executor import ModelRunner
-    from tuner_service.deploy.feeds import read_npz, write_npz
-    from tuner_service.deploy.loader import read_manifest
-    from tuner_service.deploy.timing import time_runs
+    from tuner_service.compiler.deploy.executor import ModelRunner
+    from tuner_service.compiler.deploy.feeds import read_npz, write_npz
+    from tuner_service.compiler.deploy.loader import read_manifest
+    from tuner_service.compiler.deploy.timing import time_runs
 
     threads = _run_threads(read_manifest(args.library), args.threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before libgomp is loaded
-    from tuner_service.deploy.loader import KernelLibrary
+    from tuner_service.compiler.deploy.loader import KernelLibrary
 
     feeds = read_npz(args.inputs) if args.inputs is not None else None
     runner = ModelRunner(data, KernelLibrary(args.library), threads, input_shapes(args))
@@ -250,7 +254,7 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
 def _run_threads(manifest: dict[str, Any], requested: int | None) -> int:
     """``requested`` (warning when the configs were tuned at another count), else the
     library's default."""
-    from tuner_service.deploy.errors import DeployError
+    from tuner_service.compiler.deploy.errors import DeployError
 
     if requested is None:
         return max(1, int(manifest.get("threads", 1)))
@@ -267,7 +271,7 @@ def compare_with_onnxruntime(data: bytes, feeds: dict[str, Any], outputs: dict[s
                              threads: int) -> dict[str, float]:
     import numpy as np
 
-    from tuner_service.deploy.errors import DeployError
+    from tuner_service.compiler.deploy.errors import DeployError
 
     try:
         import onnxruntime as ort

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner_service.frontend.samples import SAMPLE_MODELS
+from tuner_service.compiler.frontend.samples import SAMPLE_MODELS
 
 if TYPE_CHECKING:
-    from tuner_service.frontend.extract import ExtractionResult
+    from tuner_service.compiler.frontend.extract import ExtractionResult
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +58,14 @@ def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     items = getattr(args, "input_shape", None) or []
     if not items:
         return None
-    from tuner_service.frontend.shapes import parse_input_shapes
+    from tuner_service.compiler.frontend.shapes import parse_input_shapes
 
     return parse_input_shapes(items)
 
 
 def run_extract(args: argparse.Namespace) -> int:
-    from tuner_service.frontend.errors import ModelError
-    from tuner_service.frontend.extract import extract_tasks
+    from tuner_service.compiler.frontend.errors import ModelError
+    from tuner_service.compiler.frontend.extract import extract_tasks
 
     if not args.model.is_file():
         print(f"error: cannot read {args.model}: no such file", file=sys.stderr)
@@ -84,7 +84,7 @@ def run_extract(args: argparse.Namespace) -> int:
 
 
 def run_sample_model(args: argparse.Namespace) -> int:
-    from tuner_service.frontend.samples import sample_model_bytes
+    from tuner_service.compiler.frontend.samples import sample_model_bytes
 
     data = sample_model_bytes(args.name)
     try:

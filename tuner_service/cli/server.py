@@ -99,7 +99,7 @@ def _model_bytes(model: str) -> tuple[bytes, str]:
             return path.read_bytes(), path.name
         except OSError as e:
             raise ValueError(f"cannot read {path}: {e.strerror or e}") from e
-    from tuner_service.frontend.samples import SAMPLE_MODELS, sample_model_bytes
+    from tuner_service.compiler.frontend.samples import SAMPLE_MODELS, sample_model_bytes
 
     if model not in SAMPLE_MODELS:
         raise ValueError(f"--model {model!r} is neither an ONNX file nor a sample model "

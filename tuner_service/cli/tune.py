@@ -117,8 +117,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def _check_model(path: Path) -> str | None:
     """Read the model here first: a bad file is reported before any server starts."""
-    from tuner_service.frontend.errors import ModelError
-    from tuner_service.frontend.extract import extract_tasks
+    from tuner_service.compiler.frontend.errors import ModelError
+    from tuner_service.compiler.frontend.extract import extract_tasks
 
     try:
         result = extract_tasks(path)  # a path: external data is read from its folder

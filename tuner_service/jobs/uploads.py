@@ -80,8 +80,8 @@ def _parse_shapes(items: Sequence[str]) -> str:
     """The pinned shapes in canonical form ("" for none); InvalidInputError if malformed."""
     if not items:
         return ""
-    from tuner_service.frontend.errors import ModelError
-    from tuner_service.frontend.shapes import format_input_shapes, parse_input_shapes
+    from tuner_service.compiler.frontend.errors import ModelError
+    from tuner_service.compiler.frontend.shapes import format_input_shapes, parse_input_shapes
 
     try:
         return format_input_shapes(parse_input_shapes(items))
@@ -91,10 +91,10 @@ def _parse_shapes(items: Sequence[str]) -> str:
 
 def _extract(data: bytes, shapes: str, limits: UploadLimits) -> Any:
     try:
-        from tuner_service.frontend.archive import ArchiveLimits, is_archive, read_archive
-        from tuner_service.frontend.errors import ModelError, ModelTooLarge
-        from tuner_service.frontend.extract import extract_tasks
-        from tuner_service.frontend.shapes import parse_input_shapes
+        from tuner_service.compiler.frontend.archive import ArchiveLimits, is_archive, read_archive
+        from tuner_service.compiler.frontend.errors import ModelError, ModelTooLarge
+        from tuner_service.compiler.frontend.extract import extract_tasks
+        from tuner_service.compiler.frontend.shapes import parse_input_shapes
     except ImportError as e:
         raise UnavailableError(f"the ONNX frontend is not available: {e}") from e
     pinned = parse_input_shapes(shapes.split(",")) if shapes else None

@@ -41,13 +41,13 @@ class Comparison:
 def compare(model: bytes, configs: Path, output: Path, threads: int,
             iterations: int = 20) -> Comparison:
     """Build ``output/lib`` (tuned) and ``output/lib-default``; time both and onnxruntime."""
-    from tuner_service.deploy.configs import ConfigBook, load_configs_file
-    from tuner_service.deploy.library import build_library
+    from tuner_service.compiler.deploy.configs import ConfigBook, load_configs_file
+    from tuner_service.compiler.deploy.library import build_library
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # before libgomp is loaded
     tuned_dir, default_dir = output / "lib", output / "lib-default"
     build_library(model, load_configs_file(configs), tuned_dir, "llvm", threads)
-    quiet = logging.getLogger("tuner_service.deploy.library")
+    quiet = logging.getLogger("tuner_service.compiler.deploy.library")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # "no tuned config" for every layer is the point here
     try:
@@ -63,9 +63,9 @@ def compare(model: bytes, configs: Path, output: Path, threads: int,
 
 def _time_library(model: bytes, library: Path, threads: int, iterations: int
                   ) -> tuple[float, dict[str, Any], dict[str, Any]]:
-    from tuner_service.deploy.executor import ModelRunner
-    from tuner_service.deploy.loader import KernelLibrary
-    from tuner_service.deploy.timing import time_runs
+    from tuner_service.compiler.deploy.executor import ModelRunner
+    from tuner_service.compiler.deploy.loader import KernelLibrary
+    from tuner_service.compiler.deploy.timing import time_runs
 
     runner = ModelRunner(model, KernelLibrary(library), threads)
     feeds = runner.random_feeds(0)
@@ -78,7 +78,7 @@ def _onnxruntime(model: bytes, feeds: dict[str, Any], outputs: dict[str, Any], t
                  iterations: int) -> tuple[float, float] | None:
     import numpy as np
 
-    from tuner_service.deploy.timing import time_runs
+    from tuner_service.compiler.deploy.timing import time_runs
 
     try:
         import onnxruntime

@@ -77,8 +77,8 @@ def read_model(model: str | Path | bytes) -> tuple[bytes, str]:
     path = Path(model)
     if not path.is_file():
         raise TuneError(f"cannot read {path}: no such file")
-    from tuner_service.frontend.archive import model_upload
-    from tuner_service.frontend.errors import ModelError
+    from tuner_service.compiler.frontend.archive import model_upload
+    from tuner_service.compiler.frontend.errors import ModelError
 
     try:
         return model_upload(path)

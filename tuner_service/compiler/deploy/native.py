@@ -1,0 +1,342 @@
+"""Run a bound model as a few calls into its library instead of one Python step per layer.
+
+After binding, every kernel step is a function pointer and a fixed argument list, except for the
+activations it reads. Planning every activation buffer ahead of time (``memory_plan``) fixes
+those too, so a run of consecutive kernel steps becomes a *program*: an array of records
+``{function, kind, argc, aux, args}`` that the library's C runtime (``native_runtime.c``) walks
+in one ctypes call. Python keeps what only it can do: checking the feeds, binding them (a
+pointer when the feed is already dense fp32, else a copy into the planned buffer), running the
+numpy and reference-evaluator steps (each run of them splits the program into one more
+segment), and copying the outputs out.
+
+Pure views (Reshape, Flatten, Squeeze, Unsqueeze, Identity of a buffer the plan owns) do not
+split segments: their output is an alias of their input's buffer. A kernel output that a
+Python step reads lives to the end of the run (the step may return a view of it), as do graph
+outputs, so the plan is valid for the step-by-step path too: both paths share the same buffers
+and give the same bits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedule_templates.runtime import aligned_empty
+from tuner_service.compiler.deploy.errors import DeployError, LibraryError
+from tuner_service.compiler.deploy.fallback import FallbackStep
+from tuner_service.compiler.deploy.kernel_step import ArgKind, KernelStep, Scratch
+from tuner_service.compiler.deploy.memory_plan import BufferRequest, plan_memory
+
+logger = logging.getLogger(__name__)
+
+#: numpy operators whose output is their first input with another shape (no data moves)
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+class NativeError(DeployError):
+    """The model cannot run as a native program (the step-by-step path still can)."""
+
+
+class Region(enum.IntEnum):
+    """Where an argument points; the numbering is the program file's (native_runtime.c)."""
+
+    WEIGHTS = 0   # memory a kernel step owns: packed weights, staging copies
+    ARENA = 1     # the planned activation arena
+    SCRATCH = 2   # the workspaces every kernel shares
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """A pointer: ``offset`` bytes into ``region``; a WEIGHTS ref names its ``buffer``."""
+
+    region: Region
+    offset: int
+    buffer: np.ndarray | None = None
+
+
+#: a record argument: a fixed pointer, or the name of a tensor bound at every run
+Arg = Ref | str
+
+
+class Kind(enum.IntEnum):
+    CALL = 0
+    COPY = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One kernel call (aux: thread count) or copy (aux: bytes, args: source, destination)."""
+
+    kind: Kind
+    args: tuple[Arg, ...]
+    aux: int
+    step: KernelStep | None = None
+
+
+@dataclasses.dataclass
+class Segment:
+    """Consecutive kernel steps (native: run as ``records``) or Python steps; ``reads`` are the
+    planned tensors a Python segment needs in its environment."""
+
+    native: bool
+    first: int  # index of its first step in the model's step list
+    kernels: list[KernelStep] = dataclasses.field(default_factory=list)
+    records: list[Record] = dataclasses.field(default_factory=list)
+    steps: list[Any] = dataclasses.field(default_factory=list)
+    reads: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class External:
+    """A tensor from outside the plan (a feed, a Python step's output) that kernels read: it
+    gets a staging buffer in the arena, bound at the start of segment ``segment``."""
+
+    name: str
+    elements: int
+    segment: int
+
+
+class ModelPlan:
+    """Segments, aliases and the activation arena of one model's steps."""
+
+    def __init__(self, steps: Sequence[Any], outputs: Sequence[str],
+                 shapes: Mapping[str, tuple[int, ...]], scratch: Scratch) -> None:
+        self.scratch = scratch
+        self.outputs = list(outputs)
+        self.producers: dict[str, KernelStep] = {}
+        self.roots: dict[str, str] = {}  # planned tensor (or alias) -> the tensor it views
+        self.alias_shapes: dict[str, tuple[int, ...]] = {}
+        self.segments: list[Segment] = []
+        self._split(steps, shapes)
+        self.externals = self._externals()
+        self.memory = plan_memory(self._requests(steps))
+        self.arena = aligned_empty(max(16, self.memory.arena_bytes // 4), zero=True)
+        for name, step in self.producers.items():
+            step.place_output(self._arena_slice(name, step.output_elements))
+        #: every planned tensor as an array (a view of the arena, in its own shape)
+        self.views = {tensor: self._view(tensor) for tensor in self.roots}
+        for segment in self.segments:
+            segment.records = [r for step in segment.kernels for r in self._records(step)]
+
+    # -- segments and aliases --------------------------------------------------------------
+
+    def _split(self, steps: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+        for index, step in enumerate(steps):
+            if isinstance(step, KernelStep):
+                self.producers[step.outputs[0]] = step
+                self.roots[step.outputs[0]] = step.outputs[0]
+                self._segment(native=True, index=index).kernels.append(step)
+            elif self._is_view(step, shapes):
+                self.roots[step.outputs[0]] = self.roots[step.inputs[0]]
+                self.alias_shapes[step.outputs[0]] = shapes[step.outputs[0]]
+            else:
+                segment = self._segment(native=False, index=index)
+                segment.steps.append(step)
+                segment.reads.extend(n for n in step.inputs if n in self.roots
+                                     and n not in segment.reads)
+
+    def _segment(self, native: bool, index: int) -> Segment:
+        if not self.segments or self.segments[-1].native != native:
+            self.segments.append(Segment(native, index))
+        return self.segments[-1]
+
+    def _is_view(self, step: Any, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+        info = getattr(step, "info", None)
+        return (info is not None and not isinstance(step, FallbackStep)
+                and getattr(step, "fallback", None) is None and info.op_type in VIEW_OPS
+                and bool(step.inputs) and step.inputs[0] in self.roots
+                and len(step.outputs) == 1 and step.outputs[0] in shapes)
+
+    def _externals(self) -> dict[str, External]:
+        """Feeds and Python steps' outputs that kernels read, staged alike."""
+        found: dict[str, External] = {}
+        for position, segment in enumerate(self.segments):
+            for step in segment.kernels:
+                for arg in step.args:
+                    if arg.kind in (ArgKind.ACTIVATION, ArgKind.STAGED) and arg.tensor not in \
+                            self.roots and arg.tensor not in found:
+                        found[str(arg.tensor)] = External(str(arg.tensor), arg.size, position)
+        return found
+
+    # -- liveness and the arena ------------------------------------------------------------
+
+    def _requests(self, steps: Sequence[Any]) -> list[BufferRequest]:
+        end = len(steps)
+        written = {name: i for i, s in enumerate(steps) for name in s.outputs if name}
+        last: dict[str, int] = {}
+        for index, step in enumerate(steps):
+            for name in step.inputs:
+                root = self.roots.get(name, name)
+                if isinstance(step, KernelStep):
+                    last[root] = max(last.get(root, -1), index)
+                elif self._is_alias_output(step):
+                    continue  # a view reads nothing; its readers count for the root
+                elif name in self.roots:  # a Python step may keep a view of it
+                    last[root] = end
+        for name in self.outputs:
+            if name in self.roots:
+                last[self.roots[name]] = end
+        requests = [BufferRequest(name, 4 * step.output_elements, written[name],
+                                  max(written[name], last.get(name, -1)))
+                    for name, step in self.producers.items()]
+        for external in self.externals.values():
+            first = self.segments[external.segment].first
+            requests.append(BufferRequest(f"external:{external.name}", 4 * external.elements,
+                                          first, max(first, last.get(external.name, first))))
+        return requests
+
+    def _is_alias_output(self, step: Any) -> bool:
+        return bool(step.outputs) and step.outputs[0] in self.alias_shapes
+
+    def _arena_slice(self, name: str, elements: int) -> np.ndarray:
+        start = self.memory.offsets[name] // 4
+        return self.arena[start:start + elements]
+
+    def _view(self, tensor: str) -> np.ndarray:
+        root = self.roots[tensor]
+        base = self.producers[root].output
+        return base.reshape(self.alias_shapes[tensor]) if tensor in self.alias_shapes else base
+
+    # -- records -----------------------------------------------------------------------------
+
+    def tensor_ref(self, tensor: str) -> Arg:
+        """A planned tensor's arena pointer; an external's name (bound at run time)."""
+        if tensor in self.roots:
+            return Ref(Region.ARENA, self.memory.offsets[self.roots[tensor]])
+        return tensor
+
+    def staging_ref(self, external: str) -> Ref:
+        return Ref(Region.ARENA, self.memory.offsets[f"external:{external}"])
+
+    def _records(self, step: KernelStep) -> list[Record]:
+        records, args = [], []
+        for arg in step.args:
+            if arg.kind is ArgKind.ACTIVATION:
+                args.append(self.tensor_ref(str(arg.tensor)))
+                continue
+            assert arg.buffer is not None
+            if arg.kind is ArgKind.OUTPUT:
+                ref = Ref(Region.ARENA, self.memory.offsets[step.outputs[0]])
+            elif arg.kind is ArgKind.WORKSPACE:
+                ref = Ref(Region.SCRATCH, arg.buffer.ctypes.data - self.scratch.buffer.ctypes.data)
+            else:
+                ref = Ref(Region.WEIGHTS, 0, arg.buffer)
+            if arg.kind is ArgKind.STAGED:  # the over-read copy, in the program itself
+                records.append(Record(Kind.COPY, (self.tensor_ref(str(arg.tensor)), ref),
+                                      4 * arg.size))
+            args.append(ref)
+        records.append(Record(Kind.CALL, tuple(args), step.threads, step))
+        return records
+
+    def python_steps(self) -> list[Any]:
+        return [step for segment in self.segments for step in segment.steps]
+
+class _CRecord(ctypes.Structure):
+    _fields_ = [("function", ctypes.c_void_p), ("kind", ctypes.c_int64),
+                ("argc", ctypes.c_int64), ("aux", ctypes.c_int64),
+                ("args", ctypes.c_void_p)]
+
+
+class NativeProgram:
+    """The plan's records resolved to this process's pointers: ``run(env)`` executes the model
+    with one C call per kernel segment."""
+
+    def __init__(self, plan: ModelPlan, library: Path) -> None:
+        self.plan = plan
+        try:
+            lib = ctypes.CDLL(str(library.resolve()))
+            self._run_program = lib.tuner_program_run
+            max_args = int(lib.tuner_max_args())
+        except (OSError, AttributeError) as e:
+            raise NativeError(f"{library.name} has no native runtime (built by an older tuner; "
+                              "rebuild it with tuner build)") from e
+        self._run_program.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        self._run_program.restype = ctypes.c_int
+        records = [r for s in plan.segments for r in s.records]
+        for record in records:
+            if len(record.args) > max_args:
+                assert record.step is not None
+                raise NativeError(f"kernel {record.step.kernel.symbol} (layer {record.step.layer})"
+                                  f" takes {len(record.args)} pointer arguments; the native "
+                                  f"runtime dispatches at most {max_args}")
+        self._c_records = (_CRecord * max(1, len(records)))()
+        self._slots = np.zeros(max(1, sum(len(r.args) for r in records)), dtype=np.uint64)
+        self._bindings: dict[str, list[int]] = {name: [] for name in plan.externals}
+        self._staging: dict[int, list[External]] = {}
+        for external in plan.externals.values():
+            self._staging.setdefault(external.segment, []).append(external)
+        self._calls: list[tuple[int, int] | Segment] = []
+        self._fill(records)
+
+    def _fill(self, records: list[Record]) -> None:
+        slot, index = 0, 0
+        stride = ctypes.sizeof(_CRecord)
+        for segment in self.plan.segments:
+            if not segment.native:
+                self._calls.append(segment)
+                continue
+            self._calls.append((ctypes.addressof(self._c_records) + index * stride,
+                                len(segment.records)))
+            for record in segment.records:
+                c = self._c_records[index]
+                c.kind, c.argc, c.aux = int(record.kind), len(record.args), record.aux
+                if record.step is not None:
+                    c.function = ctypes.cast(record.step.kernel.function, ctypes.c_void_p).value
+                c.args = self._slots.ctypes.data + 8 * slot
+                for arg in record.args:
+                    if isinstance(arg, str):
+                        self._bindings[arg].append(slot)
+                        arg = self.plan.staging_ref(arg)
+                    self._slots[slot] = self.address(arg)
+                    slot += 1
+                index += 1
+
+    def address(self, ref: Ref) -> int:
+        if ref.region is Region.WEIGHTS:
+            assert ref.buffer is not None
+            return int(ref.buffer.ctypes.data)
+        base = self.plan.arena if ref.region is Region.ARENA else self.plan.scratch.buffer
+        return int(base.ctypes.data) + ref.offset
+
+    def run(self, env: dict[str, np.ndarray]) -> None:
+        """Execute every segment; planned tensors that Python steps or outputs read are put
+        into ``env`` (views of the arena)."""
+        staged = self._stage_segment
+        for position, call in enumerate(self._calls):
+            if isinstance(call, Segment):
+                for name in call.reads:
+                    env[name] = self.plan.views[name]
+                for step in call.steps:
+                    step(env)
+                continue
+            staged(position, env)
+            status = self._run_program(*call)
+            if status != 0:
+                raise LibraryError(f"the native runtime failed with code {status}")
+        for name in self.plan.outputs:
+            if name in self.plan.roots:
+                env[name] = self.plan.views[name]
+
+    def _stage_segment(self, position: int, env: Mapping[str, np.ndarray]) -> None:
+        plan = self.plan
+        for external in self._staging.get(position, ()):
+            value = env[external.name]
+            if (value.dtype == np.float32 and value.flags.c_contiguous
+                    and value.size == external.elements):
+                pointer = value.ctypes.data  # the feed itself, no copy
+            elif value.size == external.elements:
+                start = plan.memory.offsets[f"external:{external.name}"] // 4
+                staging = plan.arena[start:start + external.elements]
+                np.copyto(staging, value.reshape(-1), casting="unsafe")
+                pointer = staging.ctypes.data
+            else:
+                raise LibraryError(f"tensor {external.name} has {value.size} elements, the "
+                                   f"kernels that read it expect {external.elements}")
+            self._slots[self._bindings[external.name]] = pointer

@@ -1,0 +1,189 @@
+"""Task extraction: which tunable workloads a model runs, and how often.
+
+Only operators with a template become tasks. Every other operator that does the heavy lifting in
+a model (a transposed convolution, a 3-D Conv, a MatMul with odd broadcasting, a layer with a
+dynamic batch) is reported in ``unsupported`` with the reason, so the user sees what the tuner
+will not touch instead of silently getting a partial speed-up. Cheap operators (activations,
+pooling, normalization, reshapes) are neither tasks nor unsupported: libraries do them well.
+Epilogues the layer plan fuses into a tunable node (bias, batch norm, residual add, ReLU/clip,
+see ``fusion``) are part of its task's workload key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+
+import onnx
+
+from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.workloads import Workload
+from tuner_service.compiler.frontend.conv import map_conv
+from tuner_service.compiler.frontend.errors import ModelError, UnmappableNode
+from tuner_service.compiler.frontend.external import DataFiles
+from tuner_service.compiler.frontend.fusion import fused_workloads
+from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
+from tuner_service.compiler.frontend.loading import ModelInput, load_model
+from tuner_service.compiler.frontend.matmul import map_gemm, map_matmul
+from tuner_service.compiler.frontend.shapes import InputShapes
+
+logger = logging.getLogger(__name__)
+
+Mapper = Callable[[onnx.NodeProto, GraphIndex], Workload]
+
+# ONNX operator (default domain) -> the function that maps one node to a workload.
+_MAPPERS: Mapping[str, Mapper] = MappingProxyType(
+    {"Conv": map_conv, "Gemm": map_gemm, "MatMul": map_matmul}
+)
+
+# Compute-heavy operators without a template: always reported, never dropped.
+_NO_TEMPLATE: Mapping[str, str] = MappingProxyType(
+    {
+        "ConvTranspose": "transposed convolution has no template",
+        "ConvInteger": "integer convolution has no template (templates are fp32)",
+        "QLinearConv": "quantized convolution has no template (templates are fp32)",
+        "MatMulInteger": "integer matmul has no template (templates are fp32)",
+        "QLinearMatMul": "quantized matmul has no template (templates are fp32)",
+        "DeformConv": "deformable convolution has no template",
+        "Einsum": "Einsum has no template; export it as MatMul",
+        "Attention": "fused Attention has no template; export it as MatMul + Softmax",
+        "LSTM": "recurrent layers have no template",
+        "GRU": "recurrent layers have no template",
+        "RNN": "recurrent layers have no template",
+    }
+)
+
+# Starts the reason of a node whose dimensions no workload accepts (absurd or hostile sizes).
+_INVALID_PREFIX = "invalid workload: "
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtractedTask:
+    """One distinct workload and the nodes (``weight`` of them) that compute it."""
+
+    workload: Workload
+    weight: int
+    nodes: tuple[str, ...]
+    #: every fused key these nodes compute (``workload`` is the most frequent of them)
+    variants: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsupported:
+    """A compute-heavy node that will not be tuned, and why."""
+
+    op: str
+    node: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtractionResult:
+    """Tasks in order of first appearance in the graph, and the nodes left out."""
+
+    tasks: list[ExtractedTask]
+    unsupported: list[Unsupported]
+
+    def total_flops(self) -> int:
+        """FLOPs of one inference spent in tunable layers (each task times its weight)."""
+        return sum(t.workload.flops() * t.weight for t in self.tasks)
+
+
+def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
+                  files: DataFiles | None = None) -> ExtractionResult:
+    """Map every tunable node of ``model`` to a workload and merge identical workloads.
+
+    ``model``, ``input_shapes`` and ``files`` are as for ``loading.load_model`` (a ``Path``
+    reads external data from the model's folder). CPU-bound (about 0.2 s for ResNet-18 bytes,
+    more for a ModelProto, which must be serialized for onnx's checker); async callers should
+    run it in a worker thread.
+
+    Raises ModelError if ``model`` is not a valid ONNX model whose shapes can be inferred
+    (external data only from its folder or ``files``), or if it has tunable layers and every
+    one of them has absurd dimensions.
+    """
+    proto = load_model(model, input_shapes, files)
+    graph = index_graph(proto.graph)
+    fused = fused_workloads(proto, graph)
+    # base key -> fused key -> (workload, node names): one task per base workload
+    found: dict[str, dict[str, tuple[Workload, list[str]]]] = {}
+    unsupported: list[Unsupported] = []
+    rejected = 0
+    for index, node in enumerate(proto.graph.node):
+        name = node.name or f"{node.op_type}_{index}"
+        outcome = _map_node(node, name, graph)
+        if isinstance(outcome, Unsupported):
+            unsupported.append(outcome)
+            rejected += outcome.reason.startswith(_INVALID_PREFIX)
+        elif outcome is not None:
+            outcome = fused.get(index, outcome)
+            variants = found.setdefault(outcome.base_key, {})
+            variants.setdefault(outcome.key, (outcome, []))[1].append(name)
+    unsupported.extend(_nested_unsupported(proto.graph))
+    if rejected and not found and rejected == len(unsupported):
+        raise ModelError(f"every tunable layer has impossible dimensions: {unsupported[0].reason}")
+    tasks = [_merge_variants(variants) for variants in found.values()]
+    logger.debug("extracted %d tasks, %d unsupported nodes", len(tasks), len(unsupported))
+    return ExtractionResult(tasks=tasks, unsupported=unsupported)
+
+
+def _merge_variants(variants: Mapping[str, tuple[Workload, list[str]]]) -> ExtractedTask:
+    """One task for the layers that share a base workload but fuse different epilogues.
+
+    Their spaces and records are the same (an epilogue changes only the output stage), so
+    tuning each variant separately would spend the budget twice on one space. The task
+    measures the most frequent variant, so its timings include a real epilogue, and weighs all
+    of them; the tuning log serves the other variants from its records (``log.best``).
+    """
+    workload, _ = max(variants.values(), key=lambda pair: len(pair[1]))  # first on ties
+    names = [name for _, group in variants.values() for name in group]
+    return ExtractedTask(workload, len(names), tuple(names), tuple(sorted(variants)))
+
+
+def _map_node(node: onnx.NodeProto, name: str, graph: GraphIndex) -> Workload | Unsupported | None:
+    """The node's workload, why it has none, or None for an operator we do not tune."""
+    if node.domain not in ("", "ai.onnx"):
+        if _looks_tunable(node.op_type):
+            return Unsupported(node.op_type, name, f"operator from custom domain {node.domain!r}")
+        return None
+    if node.op_type in _NO_TEMPLATE:
+        return Unsupported(node.op_type, name, _NO_TEMPLATE[node.op_type])
+    mapper = _MAPPERS.get(node.op_type)
+    if mapper is None:
+        return None
+    try:
+        return mapper(node, graph)
+    except UnmappableNode as e:
+        return Unsupported(node.op_type, name, e.reason)
+    except InvalidWorkloadError as e:
+        return Unsupported(node.op_type, name, f"{_INVALID_PREFIX}{e}")
+
+
+def _looks_tunable(op_type: str) -> bool:
+    """Custom-domain ops have no schema we know; judge by name (``com.microsoft.FusedConv``)."""
+    return (
+        op_type in _MAPPERS
+        or op_type in _NO_TEMPLATE
+        or any(word in op_type for word in ("Conv", "MatMul", "Gemm", "Attention"))
+    )
+
+
+def _nested_unsupported(graph: onnx.GraphProto) -> Iterator[Unsupported]:
+    """Tunable nodes inside If/Loop/Scan bodies: their shapes depend on control flow."""
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            for index, inner in enumerate(sub.node):
+                if _looks_tunable(inner.op_type):
+                    name = inner.name or f"{inner.op_type}_{index}"
+                    reason = f"inside the body of {node.op_type} node {node.name!r}"
+                    yield Unsupported(inner.op_type, name, reason)
+            yield from _nested_unsupported(sub)
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
