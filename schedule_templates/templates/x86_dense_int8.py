@@ -105,10 +105,20 @@ class DenseInt8X86(Template):
             # activations are only reinterpreted (the same bytes as words), not transformed
             "data": as_words(typed(inputs, "data", np.uint8)),
             "weight_packed": packed,
-            "compensation": (-data_zp * weight.sum(axis=1, dtype=np.int64)).astype(np.int32),
+            "compensation": compensation(wl, inputs, weight, data_zp),
             "scale": np.asarray(inputs["scale"], dtype=np.float32),
         }
         if wl.out != "f32":
             zp_type = np.uint8 if wl.out == "u8" else np.int8
             args["out_zero_point"] = typed(inputs, "out_zero_point", zp_type).astype(np.int32)
         return args
+
+
+def compensation(wl: DenseInt8, inputs: Mapping[str, np.ndarray], weight: np.ndarray,
+                 data_zp: int) -> np.ndarray:
+    """What each column adds to its raw-byte accumulator: ``-zp * sum(w)``, plus the int32
+    bias when the workload has one."""
+    total = -data_zp * weight.sum(axis=1, dtype=np.int64)
+    if wl.bias == "s32":
+        total = total + typed(inputs, "bias", np.int32).astype(np.int64)
+    return total.astype(np.int32)

@@ -9,7 +9,9 @@ symmetric int8 weights (the form ``quantize_static`` produces for VNNI CPUs): an
 accumulation of ``(data - data_zero_point) * weight``, then the requantization fused as the
 output stage: ``acc * scale`` in fp32 (``scale`` = data_scale * weight_scale / out_scale, per
 tensor or per output channel), rounded half to even, plus the output zero point, saturated to
-uint8 or int8; ``out=f32`` keeps the dequantized ``acc * scale`` instead. Weight zero points
+uint8 or int8; ``out=f32`` keeps the dequantized ``acc * scale`` instead. ``bias=s32`` adds an
+int32 bias per output channel to the accumulator before scaling (QGemm's, quantized with scale
+data_scale * weight_scale). Weight zero points
 other than zero are not supported (they would need row sums of the activations in the kernel).
 
 ``dense_bf16`` takes bfloat16 activations (numpy uint16 holding the bits) and fp32 weights,
@@ -29,7 +31,7 @@ from schedule_templates.workloads.base import Shape, Workload, register
 
 #: saturation range of each quantized output type
 QUANT_RANGES: dict[str, tuple[int, int]] = {"u8": (0, 255), "s8": (-128, 127)}
-_QUANT_NUMPY: dict[str, type[np.generic]] = {"u8": np.uint8, "s8": np.int8}
+QUANT_NUMPY: dict[str, type[np.generic]] = {"u8": np.uint8, "s8": np.int8}
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:
@@ -55,7 +57,7 @@ def requantize(acc: np.ndarray, scale: np.ndarray, zero_point: int | None, out: 
         return value.astype(np.float32)
     lo, hi = QUANT_RANGES[out]
     q = np.rint(value).astype(np.int64) + int(zero_point or 0)
-    return np.clip(q, lo, hi).astype(_QUANT_NUMPY[out])
+    return np.clip(q, lo, hi).astype(QUANT_NUMPY[out])
 
 
 @register
@@ -68,6 +70,7 @@ class DenseInt8(Workload):
     K: int
     out: str = "u8"
     scale: str = "channel"
+    bias: str = "none"
 
     op: ClassVar[str] = "dense_int8"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
@@ -76,13 +79,15 @@ class DenseInt8(Workload):
         "K": ("int", None),
         "out": ("choice", "u8"),
         "scale": ("choice", "channel"),
+        "bias": ("choice", "none"),
     }
     choices: ClassVar[dict[str, tuple[str, ...]]] = {
         "out": ("u8", "s8", "f32"),
         "scale": ("channel", "tensor"),
+        "bias": ("none", "s32"),
     }
     constant_inputs: ClassVar[tuple[str, ...]] = (
-        "weight", "data_zero_point", "scale", "out_zero_point")
+        "weight", "data_zero_point", "scale", "bias", "out_zero_point")
     examples: ClassVar[tuple[str, ...]] = (
         "dense_int8:M=6,N=32,K=12", "dense_int8:M=5,N=48,K=64,out=s8,scale=tensor",
         "dense_int8:M=4,N=16,K=8,out=f32")
@@ -92,6 +97,8 @@ class DenseInt8(Workload):
             "data": (self.M, self.K), "weight": (self.N, self.K), "data_zero_point": (1,),
             "scale": (self.N,) if self.scale == "channel" else (1,),
         }
+        if self.bias == "s32":
+            shapes["bias"] = (self.N,)
         if self.out != "f32":
             shapes["out_zero_point"] = (1,)
         return shapes
@@ -104,12 +111,15 @@ class DenseInt8(Workload):
         return 2 * self.M * self.N * self.K
 
     def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The exact int32 accumulators (fp64 BLAS is exact here: every partial sum is an
-        integer far below 2**53)."""
+        """The exact int32 accumulators, bias included (fp64 BLAS is exact here: every partial
+        sum is an integer far below 2**53)."""
         data = np.asarray(inputs["data"], dtype=np.float64)
         zp = float(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
         weight = np.asarray(inputs["weight"], dtype=np.float64)
-        return ((data - zp) @ weight.T).astype(np.int32)
+        acc = (data - zp) @ weight.T
+        if self.bias == "s32":
+            acc += np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.N)
+        return acc.astype(np.int32)
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         zp = inputs.get("out_zero_point")
@@ -129,14 +139,18 @@ class DenseInt8(Workload):
             "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
             "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
         }
+        if self.bias == "s32":
+            inputs["bias"] = gen.integers(-int(spread), int(spread) + 1, size=(self.N,)
+                                          ).astype(np.int32)
         if self.out != "f32":
             lo, hi = (96, 160) if self.out == "u8" else (-16, 16)
             inputs["out_zero_point"] = gen.integers(lo, hi, size=(1,)).astype(
-                _QUANT_NUMPY[self.out])
+                QUANT_NUMPY[self.out])
         return inputs
 
     def describe(self) -> str:
-        return (f"int8 dense {self.M}x{self.K} by {self.K}x{self.N} (u8 x s8 -> s32, "
+        bias = ", int32 bias" if self.bias == "s32" else ""
+        return (f"int8 dense {self.M}x{self.K} by {self.K}x{self.N} (u8 x s8 -> s32{bias}, "
                 f"{self.scale} scale, {self.out} out)")
 
 

@@ -1,0 +1,170 @@
+"""Quantized convolution: ``conv2d_int8`` (u8 activations, s8 weights, s32 accumulation).
+
+The computation of onnxruntime's QLinearConv (and of the QDQ ``DequantizeLinear -> Conv ->
+QuantizeLinear`` pattern it fuses) with uint8 activations and symmetric int8 weights, in NCHW:
+
+    acc[n,k,oh,ow] = sum_{c in group(k), r, s} (data[n,c,ih,iw] - data_zero_point) * weight[k,c,r,s]
+                     (+ bias[k], int32, when ``bias=s32``)
+    out = requantize(acc): fp32 ``acc * scale``, round half to even, + out zero point, saturate
+
+with ``ih = oh*sh + r*dh - pad_top`` (likewise ``iw``). Padding stands for the real value 0, i.e.
+the activation zero point, so padded taps add nothing to ``acc``. ``scale`` is
+data_scale * weight_scale / out_scale per output channel (``scale=channel``) or per tensor;
+``out=f32`` keeps the dequantized ``acc * scale`` (ConvInteger followed by a cast and a multiply).
+The int32 bias is QLinearConv's: quantized with scale data_scale * weight_scale and added to the
+accumulator before scaling, as onnxruntime does. Weights are ``[K][C/groups][R][S]`` as in ONNX;
+``groups`` = 1 is an ordinary convolution and ``groups = C`` a depthwise one (``K = C * m``).
+
+One operator for every group count (unlike fp32's three): a quantized model's layers are few
+and the key already carries ``groups``; records of int8 and fp32 convolutions never mix since
+the operator name is part of every key.
+
+Parameters (the contract the ONNX front end builds keys from):
+``N, C, H, W, K, R, S`` (ints), ``stride`` (pair), ``pad`` (quad: top, left, bottom, right),
+``dilation`` (pair), ``groups`` (int, default 1), ``out`` in ``u8|s8|f32`` (default u8),
+``scale`` in ``channel|tensor`` (default channel), ``bias`` in ``none|s32`` (default none).
+Inputs, in call order: ``data`` u8 [N,C,H,W], ``weight`` s8 [K,C/groups,R,S],
+``data_zero_point`` u8 [1], ``scale`` f32 [K] or [1], ``bias`` int32 [K] (``bias=s32``),
+``out_zero_point`` u8/s8 [1] (not for ``out=f32``). Output [N,K,OH,OW] of the ``out`` type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.workloads.base import Shape, register
+from schedule_templates.workloads.conv import _CONV_PARAMS, _WINDOW_PARAMS, _Window
+from schedule_templates.workloads.lowp import QUANT_NUMPY, requantize
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Conv2dInt8(_Window):
+    """``out[n,k,oh,ow] = requantize(sum (data - zp) * weight (+ bias))``, u8 x s8 -> s32."""
+
+    K: int = 0
+    groups: int = 1
+    out: str = "u8"
+    scale: str = "channel"
+    bias: str = "none"
+
+    op: ClassVar[str] = "conv2d_int8"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        **_CONV_PARAMS,
+        "K": ("int", None),
+        **_WINDOW_PARAMS,
+        "groups": ("int", 1),
+        "out": ("choice", "u8"),
+        "scale": ("choice", "channel"),
+        "bias": ("choice", "none"),
+    }
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        "out": ("u8", "s8", "f32"),
+        "scale": ("channel", "tensor"),
+        "bias": ("none", "s32"),
+    }
+    constant_inputs: ClassVar[tuple[str, ...]] = (
+        "weight", "data_zero_point", "scale", "bias", "out_zero_point")
+    examples: ClassVar[tuple[str, ...]] = (
+        "conv2d_int8:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1",
+        "conv2d_int8:N=1,C=12,H=6,W=5,K=20,R=1,S=1,out=s8,scale=tensor,bias=s32",
+        "conv2d_int8:N=2,C=6,H=9,W=8,K=10,R=3,S=3,stride=2,pad=1,out=f32",
+        "conv2d_int8:N=1,C=16,H=7,W=7,K=16,R=3,S=3,pad=1,groups=16,bias=s32",
+        "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
+    )
+
+    @property
+    def group_in(self) -> int:
+        """Input channels per group."""
+        return self.C // self.groups
+
+    @property
+    def group_out(self) -> int:
+        """Output channels per group."""
+        return self.K // self.groups
+
+    def validate(self) -> None:
+        super().validate()
+        if self.C % self.groups or self.K % self.groups:
+            raise InvalidWorkloadError(
+                f"conv2d_int8: groups={self.groups} must divide the input channels "
+                f"(C={self.C}) and the output channels (K={self.K})")
+
+    def input_shapes(self) -> dict[str, Shape]:
+        shapes: dict[str, Shape] = {
+            "data": (self.N, self.C, self.H, self.W),
+            "weight": (self.K, self.group_in, self.R, self.S),
+            "data_zero_point": (1,),
+            "scale": (self.K,) if self.scale == "channel" else (1,),
+        }
+        if self.bias == "s32":
+            shapes["bias"] = (self.K,)
+        if self.out != "f32":
+            shapes["out_zero_point"] = (1,)
+        return shapes
+
+    def output_shape(self) -> Shape:
+        return (self.N, self.K, self.out_h, self.out_w)
+
+    def flops(self) -> int:
+        """Integer operations, counted like fp32 FLOPs so that throughputs compare."""
+        return 2 * self.N * self.K * self.out_h * self.out_w * self.group_in * self.R * self.S
+
+    def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The exact int32 accumulators, bias included (fp64 sums of integers far below
+        2**53 are exact)."""
+        zp = float(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
+        centered = np.asarray(inputs["data"], dtype=np.float64) - zp  # padding adds 0
+        weight = np.asarray(inputs["weight"], dtype=np.float64)
+        g, pixels = self.groups, self.out_h * self.out_w
+        acc = np.zeros((self.N, g, self.group_out, pixels), dtype=np.float64)
+        for r, s, window in self._windows(centered):
+            taps = weight[:, :, r, s].reshape(g, self.group_out, self.group_in)
+            # (G, K/g, C/g) @ (N, G, C/g, pixels) -> (N, G, K/g, pixels)
+            acc += np.matmul(taps, window.reshape(self.N, g, self.group_in, pixels))
+        acc = acc.reshape(self.N, self.K, pixels)
+        if self.bias == "s32":
+            acc += np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.K, 1)
+        return acc.reshape(self.output_shape()).astype(np.int32)
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        zp = inputs.get("out_zero_point")
+        zero_point = None if zp is None else int(np.asarray(zp).reshape(-1)[0])
+        scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(1, -1, 1, 1)
+        return requantize(self.accumulate(inputs), scale, zero_point, self.out)
+
+    def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        taps = self.group_in * self.R * self.S
+        # a scale that spreads the outputs over the quantized range, saturating a few
+        spread = float(np.sqrt(taps)) * 74.0 * 73.0
+        typical = (40.0 if self.out != "f32" else 1.0) / spread
+        count = self.K if self.scale == "channel" else 1
+        inputs: dict[str, np.ndarray] = {
+            "data": gen.integers(0, 256, size=(self.N, self.C, self.H, self.W), dtype=np.uint8),
+            "weight": gen.integers(-127, 128, size=(self.K, self.group_in, self.R, self.S),
+                                   dtype=np.int8),
+            "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
+            "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
+        }
+        if self.bias == "s32":
+            inputs["bias"] = gen.integers(-int(spread), int(spread) + 1, size=(self.K,)
+                                          ).astype(np.int32)
+        if self.out != "f32":
+            lo, hi = (96, 160) if self.out == "u8" else (-16, 16)
+            inputs["out_zero_point"] = gen.integers(lo, hi, size=(1,)).astype(
+                QUANT_NUMPY[self.out])
+        return inputs
+
+    def describe(self) -> str:
+        kind = ("depthwise " if self.groups == self.C and self.groups > 1
+                else f"{self.groups}-group " if self.groups > 1 else "")
+        bias = ", int32 bias" if self.bias == "s32" else ""
+        return (f"int8 {kind}conv2d {self.C}->{self.K} channels, {self.H}x{self.W} input, "
+                f"{self._geometry()}" + (f", batch {self.N}" if self.N != 1 else "")
+                + f" (u8 x s8 -> s32{bias}, {self.scale} scale, {self.out} out)")
