@@ -14,6 +14,7 @@ import dataclasses
 
 from llvmlite import ir
 
+from schedule_templates.codegen.llvm_x86_int import emit_pmaddwd
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.nodes import INTRINSICS
 
@@ -60,6 +61,7 @@ _INTRINSICS = {
     "vpdpbusd": _LLVMIntrinsic("llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),
     "dpbf16ps": _LLVMIntrinsic("llvm.x86.avx512bf16.dpbf16ps.512", "avx512bf16", True),
     "roundeven": _LLVMIntrinsic("llvm.roundeven.{v}"),
+    "pmaddwd": _LLVMIntrinsic("llvm.x86.avx2.pmadd.wd", "avx2"),  # llvm_x86_int.py emits it
 }
 
 
@@ -120,6 +122,8 @@ def intrinsic_feature(fn: str) -> str:
 
 def emit_intrinsic(b: ir.IRBuilder, module: ir.Module, fn: str, args: list[ir.Value]
                    ) -> ir.Value:
+    if fn == "pmaddwd":
+        return emit_pmaddwd(b, module, *args)
     sig, how = INTRINSICS[fn], _INTRINSICS[fn]
     ty = args[0].type
     lanes = ty.count if isinstance(ty, ir.VectorType) else 0

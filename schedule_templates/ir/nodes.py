@@ -238,6 +238,9 @@ INTRINSICS: dict[str, IntrinsicSig] = {
     "vpdpbusd": IntrinsicSig("int32", ("int32", "int32", "int32"), 16),
     # acc + a.lo * b.lo + a.hi * b.hi on the two bfloat16 halves of each 32-bit lane
     "dpbf16ps": IntrinsicSig("float32", ("float32", "int32", "int32"), 16),
+    # acc + a.lo * b.lo + a.hi * b.hi on the two signed 16-bit halves of each 32-bit lane
+    # (AVX2 vpmaddwd + vpaddd; any multiple of 8 lanes)
+    "pmaddwd": IntrinsicSig("int32", ("int32", "int32", "int32")),
     # round half to even (the rounding of onnxruntime's requantization)
     "roundeven": IntrinsicSig("float32", ("float32",)),
 }

@@ -1,13 +1,20 @@
-"""x86 template for ``dense_int8``: AVX-512 VNNI register tiles with requantization fused.
+"""x86 template for ``dense_int8``: int8 register tiles with requantization fused.
 
-Each step of the reduction broadcasts 4 bytes of an activation row as one 32-bit word and
-``vpdpbusd`` multiplies them with 16 columns' 4 packed weight bytes, adding into int32 lanes
-(the loop nest is ``x86_dot_gemm``'s). The activation zero point is folded in at pack time:
-``sum((a - zp) * w) = sum(a * w) - zp * sum(w)``, the second term one int32 per column, so the
-hot loop sees raw bytes. The output stage converts to fp32, scales, clamps to the output range
-less its zero point, rounds half to even, adds the zero point and narrows: onnxruntime's
-QLinearMatMul rounding (clamping before rounding gives the same integers as after, since the
-bounds are integers) without an integer overflow on the way. AMX tiles are a later step.
+On hosts with AVX-512 VNNI each step of the reduction broadcasts 4 bytes of an activation row
+as one 32-bit word and ``vpdpbusd`` multiplies them with 16 columns' 4 packed weight bytes,
+adding into int32 lanes (the loop nest is ``x86_dot_gemm``'s). Elsewhere (AVX2) the same step is
+two ``vpmaddwd`` on 16-bit pairs: the activations are first widened into a workspace of words
+of two 16-bit values, the weights packed as such pairs; the arithmetic stays exact. The space
+is the same on both, so a config means one tiling everywhere (``int8_instruction``).
+
+The activation zero point is folded in at pack time: ``sum((a - zp) * w) = sum(a * w) -
+zp * sum(w)``, the second term (plus the int32 bias, if any) one int32 per column, so the hot
+loop sees raw bytes. N is computed padded to whole 16-lane registers and K to groups of 4 (zero
+weights); with padded columns the tiles go to a workspace and only the real ones are copied out.
+The output stage converts to fp32, scales, clamps to the output range less its zero point,
+rounds half to even, adds the zero point and narrows: onnxruntime's QLinearMatMul rounding
+(clamping before rounding gives the same integers as after, since the bounds are integers)
+without an integer overflow on the way. AMX tiles are a later step.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from schedule_templates.ir.nodes import (
     Const,
     Expr,
     Kernel,
+    Load,
+    Scope,
     Stmt,
     cast,
     fmax,
@@ -33,19 +42,23 @@ from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.x86_dot_gemm import (
     VNNI,
+    DotInstruction,
     as_words,
-    check_shape,
     dot_default,
     dot_nest,
     dot_space,
+    int8_instruction,
     pack_panels,
+    padded_k,
+    padded_n,
     partial_buffer,
     typed,
 )
+from schedule_templates.templates.x86_int8_stages import copy_rows, word_rows
 from schedule_templates.workloads import DenseInt8, Workload
 from schedule_templates.workloads.lowp import QUANT_RANGES
 
-_OUT_DTYPES = {"u8": "uint8", "s8": "int8", "f32": "float32"}
+OUT_DTYPES = {"u8": "uint8", "s8": "int8", "f32": "float32"}
 
 
 @register
@@ -58,55 +71,72 @@ class DenseInt8X86(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = _as(workload, DenseInt8)
-        check_shape(wl.op, wl.N, wl.K, VNNI)
-        return dot_space(wl.M, wl.N, wl.K, VNNI)
+        return dot_space(wl.M, padded_n(wl.N), padded_k(wl.K, VNNI), VNNI)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, DenseInt8)
-        return dot_default(self.space(wl), wl.M, wl.N, wl.K, VNNI)
+        return dot_default(self.space(wl), wl.M, padded_n(wl.N), padded_k(wl.K, VNNI),
+                           int8_instruction())
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseInt8)
+        inst = int8_instruction()
         nr = config["tile_n"][2]
-        data = Buffer("data", (wl.M, wl.K // 4), dtype="int32")  # 4 u8 per word
-        packed = Buffer("weight_packed", (wl.N // nr, wl.K // 4, nr), dtype="int32")
-        compensation = Buffer("compensation", (wl.N,), dtype="int32")
-        scale = Buffer("scale", (wl.N,) if wl.scale == "channel" else (1,))
+        n_pad, words = padded_n(wl.N), padded_k(wl.K, inst) // inst.per_word
+        stages: list[Stmt] = []
+        workspaces: list[Buffer] = []
+        if _reads_data_in_place(wl, inst):
+            data = Buffer("data", (wl.M, words), dtype="int32")  # 4 u8 per word
+            rows = data
+        else:
+            data = Buffer("data", (wl.M, wl.K), dtype="uint8")
+            rows = Buffer("data_words", (wl.M, words), Scope.WORKSPACE, "int32")
+            workspaces.append(rows)
+            stages.append(word_rows(lambda m, w: rows[m, w],
+                                    lambda m, k: cast("int32", data[m, k]),
+                                    wl.M, wl.K, words, inst))
+        packed = Buffer("weight_packed", (n_pad // nr, words, nr), dtype="int32")
+        compensation = Buffer("compensation", (n_pad,), dtype="int32")
+        scale = Buffer("scale", (n_pad,) if wl.scale == "channel" else (1,))
         zero_point = Buffer("out_zero_point", (1,), dtype="int32")
-        out = Buffer("out", (wl.M, wl.N), dtype=_OUT_DTYPES[wl.out])
+        out = Buffer("out", (wl.M, wl.N), dtype=OUT_DTYPES[wl.out])
+        tiles = out if n_pad == wl.N else Buffer("out_padded", (wl.M, n_pad), Scope.WORKSPACE,
+                                                  out.dtype)
 
         def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
-            value = cast("float32", acc + compensation[n]) * scale[n if wl.scale == "channel"
-                                                                   else 0]
-            if wl.out == "f32":
-                return store(out[m, n], value)
-            lo, hi = QUANT_RANGES[wl.out]
-            zp = cast("float32", zero_point[0])
-            clamped = fmin(fmax(value, Const(float(lo), "float32") - zp),
-                           Const(float(hi), "float32") - zp)
-            q = cast("int32", intrinsic("roundeven", clamped)) + zero_point[0]
-            return store(out[m, n], cast(out.dtype, q))
+            value = requantized(acc + compensation[n],
+                                scale[n if wl.scale == "channel" else 0], zero_point[0], wl.out)
+            return store(tiles[m, n], value)
 
-        partial = partial_buffer(config, wl.M, wl.N, VNNI)
-        body = dot_nest(config, VNNI, a=lambda m, kg: data[m, kg],
-                        b=lambda p, kg, j: packed[p, kg, j], finish=finish, partial=partial)
+        partial = partial_buffer(config, wl.M, n_pad, inst)
+        stages.append(dot_nest(config, inst, a=lambda m, w: rows[m, w],
+                               b=lambda p, w, j: packed[p, w, j], finish=finish,
+                               partial=partial))
+        if tiles is not out:
+            workspaces.append(tiles)
+            stages.append(copy_rows(tiles, lambda m, n: out[m, n], wl.M, wl.N))
+        if partial is not None:
+            workspaces.append(partial)
         params = (data, packed, compensation, scale,
                   *(() if wl.out == "f32" else (zero_point,)), out)
-        return Kernel("dense_int8_x86", params, () if partial is None else (partial,), (body,))
+        return Kernel("dense_int8_x86", params, tuple(workspaces), tuple(stages))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, DenseInt8)
+        inst = int8_instruction()
         nr = config["tile_n"][2]
+        n_pad = padded_n(wl.N)
         weight = typed(inputs, "weight", np.int8)
+        data = typed(inputs, "data", np.uint8)
         data_zp = int(typed(inputs, "data_zero_point", np.uint8).reshape(-1)[0])
-        packed = as_words(pack_panels(weight, nr, 4)).reshape(wl.N // nr, wl.K // 4, nr)
+        scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
         args = {
             # activations are only reinterpreted (the same bytes as words), not transformed
-            "data": as_words(typed(inputs, "data", np.uint8)),
-            "weight_packed": packed,
-            "compensation": compensation(wl, inputs, weight, data_zp),
-            "scale": np.asarray(inputs["scale"], dtype=np.float32),
+            "data": as_words(data) if _reads_data_in_place(wl, inst) else data,
+            "weight_packed": pack_int8_panels(weight, n_pad, nr, inst),
+            "compensation": _pad(compensation(wl.bias, inputs, weight, data_zp), n_pad),
+            "scale": _pad(scale, n_pad) if wl.scale == "channel" else scale,
         }
         if wl.out != "f32":
             zp_type = np.uint8 if wl.out == "u8" else np.int8
@@ -114,11 +144,50 @@ class DenseInt8X86(Template):
         return args
 
 
-def compensation(wl: DenseInt8, inputs: Mapping[str, np.ndarray], weight: np.ndarray,
+def _reads_data_in_place(wl: DenseInt8, inst: DotInstruction) -> bool:
+    """VNNI reads rows of whole 4-byte words as they are; anything else is repacked."""
+    return inst is VNNI and wl.K % inst.group == 0
+
+
+def requantized(acc: Expr, scale: Expr, zero_point: Load, out: str) -> Expr:
+    """The output stage: int32 ``acc`` scaled in fp32, then (u8/s8 out) clamped to the range
+    less the zero point, rounded half to even, shifted by the zero point and narrowed."""
+    value = cast("float32", acc) * scale
+    if out == "f32":
+        return value
+    lo, hi = QUANT_RANGES[out]
+    zp = cast("float32", zero_point)
+    clamped = fmin(fmax(value, Const(float(lo), "float32") - zp),
+                   Const(float(hi), "float32") - zp)
+    q = cast("int32", intrinsic("roundeven", clamped)) + zero_point
+    return cast(OUT_DTYPES[out], q)
+
+
+def pack_int8_panels(weight: np.ndarray, columns: int, nr: int, inst: DotInstruction
+                     ) -> np.ndarray:
+    """s8 ``weight[N, K]`` -> int32 words ``[columns/nr][K'/per_word][nr]``: zero rows up to
+    ``columns``, K zero-padded to whole groups, each word ``per_word`` values of one column
+    (bytes for VNNI, 16-bit values for vpmaddwd)."""
+    n, k = weight.shape
+    k_pad = padded_k(k, inst)
+    values = np.zeros((columns, k_pad), dtype=np.int8 if inst.per_word == 4 else np.int16)
+    values[:n, :k] = weight
+    words = as_words(pack_panels(values, nr, inst.per_word))
+    return words.reshape(columns // nr, k_pad // inst.per_word, nr)
+
+
+def compensation(bias: str, inputs: Mapping[str, np.ndarray], weight: np.ndarray,
                  data_zp: int) -> np.ndarray:
-    """What each column adds to its raw-byte accumulator: ``-zp * sum(w)``, plus the int32
-    bias when the workload has one."""
-    total = -data_zp * weight.sum(axis=1, dtype=np.int64)
-    if wl.bias == "s32":
+    """What each output channel adds to its raw-byte accumulator: ``-zp * sum(w)`` over its
+    weights (any shape, channel first), plus the int32 bias when there is one."""
+    total = -data_zp * weight.reshape(weight.shape[0], -1).sum(axis=1, dtype=np.int64)
+    if bias == "s32":
         total = total + typed(inputs, "bias", np.int32).astype(np.int64)
     return total.astype(np.int32)
+
+
+def _pad(values: np.ndarray, size: int) -> np.ndarray:
+    """``values`` (1-D) extended with zeros to ``size``."""
+    padded = np.zeros(size, dtype=values.dtype)
+    padded[:values.size] = values
+    return padded

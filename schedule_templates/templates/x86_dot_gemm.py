@@ -11,6 +11,12 @@ output stage (the output type may be too narrow to hold a partial sum).
 
 The plain fp32 template's space would not do: the panel width must be a whole number of
 16-lane registers (an instruction exists only at that width), and the reduction is in groups.
+
+Hosts without VNNI (AVX2, or AVX-512 without VNNI) run int8 on ``vpmaddwd`` (``PMADDWD``):
+u8 and s8 widened to 16 bits, two products per 32-bit lane, exact. Its space is VNNI's (groups
+of 4 K values, each taken as two instructions on 16-bit pairs), so one template, one space and
+one config mean the same tiling on every host; ``int8_instruction`` picks the instruction of the
+host that lowers, and records never mix since a device class names its ISA level.
 """
 
 from __future__ import annotations
@@ -47,12 +53,20 @@ MAX_KU = 8
 
 @dataclasses.dataclass(frozen=True)
 class DotInstruction:
-    """One dot-product instruction: its IR intrinsic, the K elements it reduces per lane, and
-    the accumulator type."""
+    """One dot-product instruction: its IR intrinsic, the K elements a step of the reduction
+    takes per lane (``steps`` instructions, each on one 32-bit word of ``group / steps``
+    values), the accumulator type, and how many 16-lane accumulators fit in registers."""
 
     intrinsic: str
     group: int
     acc_dtype: str
+    steps: int = 1
+    acc_vectors: int = ACC_REGISTERS
+
+    @property
+    def per_word(self) -> int:
+        """K values in one 32-bit word of an operand."""
+        return self.group // self.steps
 
     @property
     def zero(self) -> Const:
@@ -61,6 +75,26 @@ class DotInstruction:
 
 VNNI = DotInstruction("vpdpbusd", 4, "int32")
 BF16 = DotInstruction("dpbf16ps", 2, "float32")
+# 16 ymm registers: 6 accumulators of 16 lanes are 12 of them, leaving room for the panel's
+# loads and a broadcast
+PMADDWD = DotInstruction("pmaddwd", 4, "int32", steps=2, acc_vectors=6)
+
+
+def int8_instruction() -> DotInstruction:
+    """The int8 instruction of this host: VNNI where it has AVX-512 VNNI, else vpmaddwd."""
+    from schedule_templates.codegen.llvm_jit import host_features
+
+    return VNNI if "+avx512vnni" in host_features().split(",") else PMADDWD
+
+
+def padded_n(N: int) -> int:
+    """Columns computed: N rounded up to whole 16-lane registers (the rest is never stored)."""
+    return -(-N // LANES) * LANES
+
+
+def padded_k(K: int, inst: DotInstruction) -> int:
+    """K rounded up to whole groups (the padding holds zero weights)."""
+    return -(-K // inst.group) * inst.group
 
 
 def check_shape(op: str, N: int, K: int, inst: DotInstruction) -> None:
@@ -93,8 +127,13 @@ def _fits(cfg: Config) -> bool:
 
 
 def dot_default(space: ConfigSpace, M: int, N: int, K: int, inst: DotInstruction) -> Config:
-    nr = largest_divisor(N, MAX_NR, prefer=(64, 48, 32, 16))
-    mr = largest_divisor(M, min(MAX_MR, ACC_REGISTERS // (nr // LANES)), prefer=(6, 8, 4))
+    """A config for ``inst``'s registers (N and K already padded); in every space of the
+    operator whatever the host, since the space does not depend on the instruction."""
+    wide = inst.acc_vectors >= 12
+    nr = largest_divisor(N, MAX_NR if wide else LANES,
+                         prefer=(64, 48, 32, 16) if wide else (16,))
+    mr = largest_divisor(M, min(MAX_MR, inst.acc_vectors // (nr // LANES)),
+                         prefer=(6, 8, 4) if wide else (6, 4, 5, 3))
     groups = K // inst.group
     ku = largest_divisor(groups, MAX_KU, prefer=(4, 2))
     return space.from_entities({
@@ -107,8 +146,8 @@ def dot_default(space: ConfigSpace, M: int, N: int, K: int, inst: DotInstruction
     })
 
 
-OperandA = Callable[[Expr, Expr], Load]  # (m, k group) -> one 32-bit word of the row
-OperandB = Callable[[Expr, Expr, Expr], Load]  # (n panel, k group, j within panel)
+OperandA = Callable[[Expr, Expr], Load]  # (m, k word) -> one 32-bit word of the row
+OperandB = Callable[[Expr, Expr, Expr], Load]  # (n panel, k word, j within panel)
 Finish = Callable[[Expr, Expr, Expr], Stmt]  # (accumulator, m, n) -> the output store
 
 
@@ -137,7 +176,11 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
     k1, k_inner = loop("k_i", ki)
     k2, k_unroll = loop("k_u", ku, LoopKind.UNROLL)
     kg = (kko * ki + k1) * ku + k2
-    step = store(acc[r, j], intrinsic(inst.intrinsic, acc[r, j], a(m0 + r, kg), b(panel, kg, j)))
+    total: Expr = acc[r, j]
+    for s in range(inst.steps):  # the words of one group, in order
+        word = kg * inst.steps + s if inst.steps > 1 else kg
+        total = intrinsic(inst.intrinsic, total, a(m0 + r, word), b(panel, word, j))
+    step = store(acc[r, j], total)
     out_stage = unroll_r(vec_j(finish(acc[r, j], m0 + r, n0 + j)))
     if partial is None:
         init: list[Stmt] = [unroll_r(vec_j(store(acc[r, j], inst.zero)))]

@@ -90,7 +90,8 @@ class DenseInt8(Workload):
         "weight", "data_zero_point", "scale", "bias", "out_zero_point")
     examples: ClassVar[tuple[str, ...]] = (
         "dense_int8:M=6,N=32,K=12", "dense_int8:M=5,N=48,K=64,out=s8,scale=tensor",
-        "dense_int8:M=4,N=16,K=8,out=f32")
+        "dense_int8:M=4,N=16,K=8,out=f32", "dense_int8:M=3,N=20,K=10,bias=s32",
+        "dense_int8:M=7,N=33,K=13,out=s8")
 
     def input_shapes(self) -> dict[str, Shape]:
         shapes: dict[str, Shape] = {

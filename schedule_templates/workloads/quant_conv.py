@@ -127,10 +127,10 @@ class Conv2dInt8(_Window):
             taps = weight[:, :, r, s].reshape(g, self.group_out, self.group_in)
             # (G, K/g, C/g) @ (N, G, C/g, pixels) -> (N, G, K/g, pixels)
             acc += np.matmul(taps, window.reshape(self.N, g, self.group_in, pixels))
-        acc = acc.reshape(self.N, self.K, pixels)
+        total = acc.reshape(self.N, self.K, pixels)
         if self.bias == "s32":
-            acc += np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.K, 1)
-        return acc.reshape(self.output_shape()).astype(np.int32)
+            total = total + np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.K, 1)
+        return total.reshape(self.output_shape()).astype(np.int32)
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         zp = inputs.get("out_zero_point")

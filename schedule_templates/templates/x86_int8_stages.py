@@ -1,0 +1,78 @@
+"""Stages the x86 int8 templates run around their dot-product nest.
+
+- ``word_rows``: rows of u8 values packed into the 32-bit words the nest broadcasts or loads
+  (4 bytes per word for VNNI, two values widened to 16 bits for ``vpmaddwd``), K padded with
+  zeros to whole groups;
+- ``copy_rows``: the real columns of a workspace computed with padded columns, copied out.
+
+Both run in parallel over rows, with serial inner loops that LLVM vectorizes itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from schedule_templates.ir.nodes import (
+    Buffer,
+    Const,
+    Expr,
+    Load,
+    LoopKind,
+    Stmt,
+    as_expr,
+    loop,
+    store,
+)
+from schedule_templates.templates.choose import LANES
+from schedule_templates.templates.x86_dot_gemm import DotInstruction
+
+#: (row, k) -> the int32 value (0..255) of the u8 element there
+ByteSource = Callable[[Expr, Expr], Expr]
+#: (row, column) -> the element a stage stores to
+Target = Callable[[Expr, Expr], Load]
+
+
+def word_rows(target: Target, source: ByteSource, rows: int, K: int,
+              words: int, inst: DotInstruction, prefix: str = "w") -> Stmt:
+    """For every row: ``words`` words of ``inst.per_word`` consecutive values each (little
+    end first), the values past K zero."""
+    per = inst.per_word
+    bits = 32 // per
+    row, rows_loop = loop(f"{prefix}_m", rows, LoopKind.PARALLEL)
+
+    def pack(first: Expr, count: int) -> Expr:
+        word: Expr = source(row, first)
+        for i in range(1, count):  # wrapping int32 arithmetic: the top byte may set the sign
+            word = word + source(row, first + i) * Const(1 << (bits * i), "int32")
+        return word
+
+    full = K // per
+    body: list[Stmt] = []
+    if full:
+        w, words_loop = loop(f"{prefix}_w", full)
+        body.append(words_loop(store(target(row, w), pack(w * per, per))))
+    if K % per:
+        body.append(store(target(row, as_expr(full)), pack(as_expr(full * per), K % per)))
+    used = -(-K // per)
+    if words > used:
+        z, zeros_loop = loop(f"{prefix}_z", words - used)
+        body.append(zeros_loop(store(target(row, z + used), Const(0, "int32"))))
+    return rows_loop(*body)
+
+
+def copy_rows(source: Buffer, target: Target, rows: int, columns: int,
+              prefix: str = "c") -> Stmt:
+    """``target(row, n) = source[row, n]`` for the first ``columns`` columns of every row."""
+    row, rows_loop = loop(f"{prefix}_m", rows, LoopKind.PARALLEL)
+    body: list[Stmt] = []
+    blocks, rest = divmod(columns, LANES)
+    if blocks:
+        cb, blocks_loop = loop(f"{prefix}_b", blocks)
+        cj, lanes_loop = loop(f"{prefix}_j", LANES, LoopKind.VECTORIZE)
+        n = cb * LANES + cj
+        body.append(blocks_loop(lanes_loop(store(target(row, n), source[row, n]))))
+    if rest:
+        cr, rest_loop = loop(f"{prefix}_r", rest, LoopKind.VECTORIZE)
+        n = cr + blocks * LANES
+        body.append(rest_loop(store(target(row, n), source[row, n])))
+    return rows_loop(*body)

@@ -1,0 +1,187 @@
+"""int8 kernels on every x86 host: the vpmaddwd path (AVX2, AVX-512 without VNNI), padding of N
+and K, the int32 bias, and ``conv2d_int8``. Outputs are compared exactly with the references.
+
+Each kernel test runs with the host's own instruction and, on a VNNI host, again forced onto
+vpmaddwd, so both paths are covered wherever VNNI exists."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from schedule_templates.codegen.llvm_ir import generate_llvm_ir
+from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
+from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, intrinsic, loop, store
+from schedule_templates.runtime import aligned_empty, build
+from schedule_templates.templates import x86_dot_gemm
+from schedule_templates.templates.base import get_template
+from schedule_templates.workloads import parse_workload
+
+HAS_VNNI = "+avx512vnni" in host_features().split(",")
+INSTRUCTIONS = ["host", "pmaddwd"] if HAS_VNNI else ["host"]
+
+
+@pytest.fixture(params=INSTRUCTIONS)
+def instruction(request, monkeypatch):
+    """The int8 instruction the templates lower to: the host's, or vpmaddwd forced."""
+    if request.param == "pmaddwd":
+        monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
+    return x86_dot_gemm.int8_instruction()
+
+
+def run(key, inputs=None, entities=None, threads=1):
+    """(kernel output, reference, assembly) of one config (the default if not given)."""
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    config = (template.default_config(workload) if entities is None
+              else template.space(workload).from_entities(entities))
+    artifact = build(workload, template, config, threads=threads)
+    try:
+        inputs = inputs or workload.make_inputs(7)
+        prepared = artifact.prepare(inputs)
+        prepared.run()
+        return prepared.output.copy(), workload.reference(inputs), artifact.compiled.assembly()
+    finally:
+        artifact.close()
+
+
+def test_pmaddwd_is_exact_at_the_extremes_of_u8_times_s8():
+    lanes = 16
+    acc, x, y = (Buffer(n, (lanes,), dtype="int32") for n in ("acc", "x", "y"))
+    v, vec = loop("v", lanes, LoopKind.VECTORIZE)
+    kernel = Kernel("pmaddwd", (acc, x, y), (), (vec(store(acc[v], intrinsic(
+        "pmaddwd", acc[v], x[v], y[v]))),))
+    rng = np.random.default_rng(0)
+    lo = rng.choice([0, 1, 254, 255], size=lanes).astype(np.int32)
+    hi = rng.choice([0, 1, 254, 255], size=lanes).astype(np.int32)
+    wlo = rng.choice([-128, -127, 127, 0], size=lanes).astype(np.int32)
+    whi = rng.choice([-128, -127, 127, 1], size=lanes).astype(np.int32)
+    start = rng.integers(-2**30, 2**30, size=lanes).astype(np.int32)
+    arrays = [aligned_empty(lanes, dtype=np.int32) for _ in range(3)]
+    arrays[0][:] = start
+    arrays[1][:] = (lo | (hi << 16)).astype(np.int32)
+    arrays[2][:] = ((wlo & 0xFFFF) | (whi << 16)).astype(np.int32)
+    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 3)
+    try:
+        compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays], 1)
+    finally:
+        compiled.close()
+    expected = start.astype(np.int64) + lo * wlo + hi * whi
+    np.testing.assert_array_equal(arrays[0], expected)
+
+
+@pytest.mark.parametrize("key", [
+    "dense_int8:M=7,N=48,K=36",
+    "dense_int8:M=5,N=33,K=13,out=s8",  # N and K padded, odd M
+    "dense_int8:M=3,N=10,K=1,out=f32,scale=tensor",
+    "dense_int8:M=6,N=1000,K=20,bias=s32",  # N=1000: the ImageNet classifier
+    "dense_int8:M=1,N=17,K=7,out=s8,bias=s32",
+])
+def test_int8_dense_is_exact_on_any_shape(instruction, key):
+    out, ref, _ = run(key)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("parallel", ["mn", "n"])
+def test_int8_blocked_reduction_with_padded_columns(instruction, threads, parallel):
+    # N=37 computed as 48, K=22 as 24 in three blocks: the workspace holds partial sums of the
+    # padded columns, the last block requantizes, the real columns are copied out
+    entities = {"tile_m": (3, 1, 3), "tile_n": (3, 1, 16), "tile_k": (3, 1, 2),
+                "outer_order": "nm", "inner_order": "mn", "parallel": parallel}
+    out, ref, _ = run("dense_int8:M=9,N=37,K=22,out=u8,bias=s32", entities=entities,
+                      threads=threads)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_int8_ties_and_saturation_with_odd_k(instruction):
+    workload = parse_workload("dense_int8:M=5,N=19,K=3,out=s8,scale=tensor")
+    rng = np.random.default_rng(5)
+    inputs = {
+        "data": rng.integers(0, 4, size=(5, 3), dtype=np.uint8),
+        "weight": rng.integers(-3, 4, size=(19, 3), dtype=np.int8),
+        "data_zero_point": np.array([1], dtype=np.uint8),
+        "scale": np.array([0.5], dtype=np.float32),  # every odd accumulator is a tie
+        "out_zero_point": np.array([-126], dtype=np.int8),  # and negative ones saturate
+    }
+    inputs["data"][0] = 255  # large sums: the other end saturates too
+    inputs["weight"][0] = -127
+    out, ref, _ = run(workload.key, inputs)
+    assert (workload.accumulate(inputs) % 2 == 1).any()
+    assert (ref == -128).any()
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_the_space_does_not_depend_on_the_instruction(monkeypatch):
+    workload = parse_workload("dense_int8:M=12,N=40,K=30")
+    template = get_template("dense_int8")
+    host = template.space(workload)
+    host_default = template.default_config(workload)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
+    avx2 = template.space(workload)
+    avx2_default = template.default_config(workload)
+    assert avx2.dims == host.dims
+    for config in (host_default, avx2_default):  # each host's default is valid on the other
+        assert host.is_valid(config.index) and avx2.is_valid(config.index)
+        assert avx2.get(config.index).entities == host.get(config.index).entities
+    # vpmaddwd's default fits 16 ymm registers: 16-lane accumulators, at most 6 of them
+    mr, nr = avx2_default["tile_m"][2], avx2_default["tile_n"][2]
+    assert mr * nr // 16 <= 6
+
+
+def test_avx2_hot_loop_is_vpmaddwd(monkeypatch):
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
+    _, _, asm = run("dense_int8:M=8,N=64,K=64")
+    assert asm.count("vpmaddwd") >= 8
+    assert "vpmulld" not in asm and "vfmadd" not in asm
+
+
+@pytest.mark.parametrize("inst", [x86_dot_gemm.VNNI, x86_dot_gemm.PMADDWD],
+                         ids=["bytes", "pairs"])
+def test_word_rows_pack_values_little_end_first_and_zero_pad(inst):
+    from schedule_templates.ir.nodes import cast
+    from schedule_templates.templates.x86_int8_stages import word_rows
+
+    rows, k = 3, 13
+    words = 16 // inst.per_word  # K padded to 16: one word of zeros past the tail word
+    data = Buffer("data", (rows, k), dtype="uint8")
+    out = Buffer("out", (rows, words), dtype="int32")
+    stage = word_rows(lambda m, w: out[m, w], lambda m, kk: cast("int32", data[m, kk]),
+                      rows, k, words, inst)
+    kernel = Kernel("words", (data, out), (), (stage,))
+    source = aligned_empty(rows * k, dtype=np.uint8).reshape(rows, k)
+    source[:] = np.random.default_rng(1).integers(0, 256, size=(rows, k))
+    source[0, :4] = 255  # the top byte of a VNNI word sets its sign bit
+    result = aligned_empty(rows * words, dtype=np.int32).reshape(rows, words)
+    result[:] = -1
+    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 2)
+    try:
+        compiled.function(ctypes.c_void_p(source.ctypes.data),
+                          ctypes.c_void_p(result.ctypes.data), 1)
+    finally:
+        compiled.close()
+    padded = np.zeros((rows, 16), dtype=np.uint8 if inst.per_word == 4 else np.uint16)
+    padded[:, :k] = source
+    np.testing.assert_array_equal(result, padded.view(np.int32))
+
+
+@pytest.mark.parametrize("key", ["dense_int8:M=5,N=33,K=13,out=s8",
+                                 "dense_int8:M=4,N=32,K=64,bias=s32"])
+def test_vnni_kernels_compile_for_a_vnni_cpu(monkeypatch, key):
+    """Where this host cannot run VNNI, its kernels (padding stages included) still compile for
+    a CPU that has it, to vpdpbusd."""
+    import llvmlite.binding as llvm
+
+    from schedule_templates.codegen.llvm_jit import _initialize, optimize
+    from schedule_templates.runtime import lower
+
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    kernel = lower(workload, template, template.default_config(workload))
+    _initialize()
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu="icelake-server", features="+avx512f,+avx512bw,+avx512vnni", opt=3)
+    asm = machine.emit_assembly(optimize(str(generate_llvm_ir(kernel)), machine))
+    assert asm.count("vpdpbusd") >= 4 and "vpmaddwd" not in asm
