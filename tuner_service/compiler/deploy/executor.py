@@ -47,6 +47,7 @@ from tuner_service.compiler.deploy.node import NodeInfo, OpFn
 from tuner_service.compiler.deploy.ops_image import IMAGE_OPS
 from tuner_service.compiler.deploy.ops_misc import MISC_OPS
 from tuner_service.compiler.deploy.ops_nn import NN_OPS
+from tuner_service.compiler.deploy.ops_quant import DOMAIN_OPS, QUANT_OPS, warn_int8_reference
 from tuner_service.compiler.deploy.ops_tensor import TENSOR_OPS
 from tuner_service.compiler.frontend.fusion import Layer, node_name, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
@@ -56,7 +57,7 @@ from tuner_service.compiler.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
 
-OPS: dict[str, OpFn] = {**TENSOR_OPS, **NN_OPS, **IMAGE_OPS, **MISC_OPS}
+OPS: dict[str, OpFn] = {**TENSOR_OPS, **NN_OPS, **IMAGE_OPS, **MISC_OPS, **QUANT_OPS}
 # Never folded at load time even when their inputs are constant.
 _NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
                            "RandomUniformLike", "Multinomial", "Bernoulli"})
@@ -137,6 +138,7 @@ class ModelRunner:
         read = {name for step in self.steps for name in step.inputs} | set(self.outputs)
         self.constants = {k: v for k, v in self.constants.items() if k in read}
         warn_fallbacks(self.steps)
+        warn_int8_reference(self.steps)
         # activation buffers planned ahead (both paths use them); kernel runs become programs
         self.plan = ModelPlan(self.steps, self.outputs, self._shapes, self.scratch)
         self.native = self._native_program() if native else None
@@ -166,7 +168,8 @@ class ModelRunner:
 
     def _add_node(self, node: onnx.NodeProto, name: str) -> None:
         info = NodeInfo.from_proto(node, name, self._opset)
-        fn = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        fn = (OPS.get(node.op_type) if node.domain in ("", "ai.onnx")
+              else DOMAIN_OPS.get((node.domain, node.op_type)))
         step: NumpyStep | FallbackStep
         if fn is None:
             step = FallbackStep(node, info, self._opsets, "no numpy implementation")

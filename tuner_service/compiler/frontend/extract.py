@@ -27,6 +27,12 @@ from tuner_service.compiler.frontend.fusion import fused_workloads
 from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.matmul import map_gemm, map_matmul
+from tuner_service.compiler.frontend.quantized_ops import (
+    INT8_DOMAIN,
+    int8_layer_workload,
+    map_conv_integer,
+    map_matmul_integer,
+)
 from tuner_service.compiler.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
@@ -35,17 +41,19 @@ Mapper = Callable[[onnx.NodeProto, GraphIndex], Workload]
 
 # ONNX operator (default domain) -> the function that maps one node to a workload.
 _MAPPERS: Mapping[str, Mapper] = MappingProxyType(
-    {"Conv": map_conv, "Gemm": map_gemm, "MatMul": map_matmul}
+    {"Conv": map_conv, "Gemm": map_gemm, "MatMul": map_matmul,
+     "MatMulInteger": map_matmul_integer, "ConvInteger": map_conv_integer}
 )
 
 # Compute-heavy operators without a template: always reported, never dropped.
 _NO_TEMPLATE: Mapping[str, str] = MappingProxyType(
     {
         "ConvTranspose": "transposed convolution has no template",
-        "ConvInteger": "integer convolution has no template (templates are fp32)",
-        "QLinearConv": "quantized convolution has no template (templates are fp32)",
-        "MatMulInteger": "integer matmul has no template (templates are fp32)",
-        "QLinearMatMul": "quantized matmul has no template (templates are fp32)",
+        # the ones the int8 kernels take (u8 x constant s8) became Int8Layer nodes at load
+        "QLinearConv": "quantized convolution with uint8 or non-constant weights has no "
+                       "int8 template (runs in numpy)",
+        "QLinearMatMul": "quantized matmul with uint8 or non-constant weights has no int8 "
+                         "template (runs in numpy)",
         "DeformConv": "deformable convolution has no template",
         "Einsum": "Einsum has no template; export it as MatMul",
         "Attention": "fused Attention has no template; export it as MatMul + Softmax",
@@ -144,6 +152,8 @@ def _merge_variants(variants: Mapping[str, tuple[Workload, list[str]]]) -> Extra
 
 def _map_node(node: onnx.NodeProto, name: str, graph: GraphIndex) -> Workload | Unsupported | None:
     """The node's workload, why it has none, or None for an operator we do not tune."""
+    if node.domain == INT8_DOMAIN:  # a quantized layer (``quantized``): an int8 task
+        return _int8_task(node, name)
     if node.domain not in ("", "ai.onnx"):
         if _looks_tunable(node.op_type):
             return Unsupported(node.op_type, name, f"operator from custom domain {node.domain!r}")
@@ -159,6 +169,13 @@ def _map_node(node: onnx.NodeProto, name: str, graph: GraphIndex) -> Workload | 
         return Unsupported(node.op_type, name, e.reason)
     except InvalidWorkloadError as e:
         return Unsupported(node.op_type, name, f"{_INVALID_PREFIX}{e}")
+
+
+def _int8_task(node: onnx.NodeProto, name: str) -> Workload | Unsupported:
+    try:
+        return int8_layer_workload(node)
+    except UnmappableNode as e:
+        return Unsupported(node.op_type, name, e.reason)
 
 
 def _looks_tunable(op_type: str) -> bool:

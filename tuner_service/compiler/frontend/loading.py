@@ -27,6 +27,7 @@ from tuner_service.compiler.frontend.external import (
     all_tensors,
     embed_external_data,
 )
+from tuner_service.compiler.frontend.quantized import rewrite_quantized
 from tuner_service.compiler.frontend.shapes import InputShapes, fold_shapes, pin_input_shapes
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ def _static_shapes(data: bytes) -> onnx.ModelProto:
     folding, not in the model), the model is used as onnx alone inferred it.
     """
     proto = _infer_shapes(data)
+    if rewrite_quantized(proto):  # quantized Conv/MatMul/Gemm -> int8 layers, before folding
+        data = proto.SerializeToString()  # could fold their weights' DequantizeLinear away
     if not fold_shapes(proto):
         return proto
     try:

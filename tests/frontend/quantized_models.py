@@ -1,0 +1,86 @@
+"""Small fp32 models quantized by onnxruntime's own tool (QDQ, QOperator, dynamic), for the
+quantized frontend and deploy tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as nh
+
+INPUT_SHAPE = (1, 3, 8, 8)
+
+
+def float_model(seed: int = 0) -> onnx.ModelProto:
+    """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
+        return nh.from_array(rng.normal(0, std, shape).astype(np.float32), name)
+
+    inits = [weight("w1", (16, 3, 3, 3), 0.2), weight("b1", (16,), 0.1),
+             weight("w2", (16 * 4 * 4, 32), 0.05), weight("b2", (32,), 0.1),
+             weight("w3", (10, 32), 0.2), weight("b3", (10,), 0.1)]
+    nodes = [
+        oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1],
+                     strides=[2, 2]),
+        oh.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        oh.make_node("Flatten", ["r1"], ["f"], "flat"),
+        oh.make_node("MatMul", ["f", "w2"], ["m"], "mm"),
+        oh.make_node("Add", ["m", "b2"], ["a"], "add"),
+        oh.make_node("Gemm", ["a", "w3", "b3"], ["y"], "fc", transB=1),
+    ]
+    graph = oh.make_graph(nodes, "quant_sample",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, INPUT_SHAPE)],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 10])],
+                          inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).normal(0, 1, INPUT_SHAPE).astype(np.float32)}
+
+
+class _Reader:
+    """Calibration data: a few random inputs (onnxruntime's CalibrationDataReader protocol)."""
+
+    def __init__(self) -> None:
+        self._feeds: Iterator[dict[str, np.ndarray]] = iter([feeds(s) for s in range(8)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+    def rewind(self) -> None:
+        self._feeds = iter([feeds(s) for s in range(8)])
+
+
+def quantized(tmp: Path, form: str, reduce_range: bool = True) -> Path:
+    """``form`` in qdq | qoperator | dynamic; the path of the quantized model.
+
+    ``reduce_range`` quantizes weights to 7 bits: onnxruntime's AVX2 u8 x s8 kernel adds pairs
+    of products in saturating int16 (``vpmaddubsw``), so with full-range weights its own
+    results are off on hosts without VNNI; with 7-bit weights nothing saturates and its
+    integer results are exact, which is what the comparisons need.
+    """
+    from onnxruntime.quantization import (
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    source, target = tmp / "float.onnx", tmp / f"{form}.onnx"
+    onnx.save(float_model(), source)
+    if form == "dynamic":
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8,
+                         reduce_range=reduce_range)
+        return target
+    reader = _Reader()
+    quantize_static(source, target, reader,
+                    quant_format=QuantFormat.QDQ if form == "qdq" else QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    per_channel=True, reduce_range=reduce_range)
+    return target

@@ -1,0 +1,86 @@
+"""Quantized ONNX models (onnxruntime's QDQ, QOperator and dynamic forms) become int8 tasks;
+malformed ones are a ModelError with a sentence, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.numpy_helper as nh
+import pytest
+
+from tests.frontend.quantized_models import quantized
+from tuner_service.compiler.frontend.errors import ModelError
+from tuner_service.compiler.frontend.extract import extract_tasks
+from tuner_service.compiler.frontend.loading import load_model
+from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
+
+pytest.importorskip("onnxruntime.quantization")
+
+CONV = "conv2d_int8:N=1,C=3,H=8,W=8,K=16,R=3,S=3,stride=2,pad=1"
+
+
+@pytest.mark.parametrize(("form", "keys"), [
+    ("qdq", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256", "dense_int8:M=1,N=10,K=32"]),
+    # QGemm reads QLinearAdd's output, which onnx (no com.microsoft schemas) cannot type
+    ("qoperator", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256"]),
+    ("dynamic", [f"{CONV},out=f32,scale=tensor", "dense_int8:M=1,N=32,K=256,out=f32,scale=tensor",
+                 "dense_int8:M=1,N=10,K=32,out=f32,scale=tensor"]),
+])
+def test_quantized_layers_become_int8_tasks(tmp_path: Path, form: str, keys: list[str]) -> None:
+    result = extract_tasks(quantized(tmp_path, form))
+    found = [task.workload.key for task in result.tasks]
+    if form == "dynamic":  # onnxruntime quantizes Gemm dynamically only as MatMul + Add
+        keys = [k for k in keys if "N=10" not in k or k in found]
+    assert found == keys
+    assert not [u for u in result.unsupported if "int8" in u.reason]
+
+
+def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> None:
+    proto = load_model(quantized(tmp_path, "qdq"))
+    ops = [(n.domain, n.op_type) for n in proto.graph.node]
+    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3
+    assert not {"Conv", "MatMul", "Gemm"} & {op for _, op in ops}
+    again = load_model(proto)  # rewriting a rewritten model changes nothing
+    assert [n.op_type for n in again.graph.node] == [n.op_type for n in proto.graph.node]
+
+
+def _initializer(proto: onnx.ModelProto, suffix: str) -> onnx.TensorProto:
+    return next(t for t in proto.graph.initializer if t.name.endswith(suffix))
+
+
+def _replace(proto: onnx.ModelProto, tensor: onnx.TensorProto, value: np.ndarray) -> None:
+    tensor.CopyFrom(nh.from_array(value, tensor.name))
+
+
+def test_non_zero_weight_zero_point_is_a_model_error(tmp_path: Path) -> None:
+    proto = onnx.load(quantized(tmp_path, "qdq"))
+    zp = _initializer(proto, "w1_zero_point")
+    _replace(proto, zp, np.full(nh.to_array(zp).shape, 3, np.int8))
+    with pytest.raises(ModelError, match=r"weight zero point .* is not zero"):
+        extract_tasks(proto)
+
+
+def test_zero_point_of_the_wrong_type_is_a_model_error(tmp_path: Path) -> None:
+    proto = onnx.load(quantized(tmp_path, "qdq"))
+    _replace(proto, _initializer(proto, "x_zero_point"), np.zeros((), np.int32))
+    with pytest.raises(ModelError):
+        extract_tasks(proto)
+
+
+def test_missing_scale_is_a_model_error(tmp_path: Path) -> None:
+    proto = onnx.load(quantized(tmp_path, "qoperator"))
+    conv = next(n for n in proto.graph.node if n.op_type == "QLinearConv")
+    conv.input[1] = ""
+    with pytest.raises(ModelError):
+        extract_tasks(proto)
+
+
+def test_per_channel_activation_scale_is_a_model_error(tmp_path: Path) -> None:
+    proto = onnx.load(quantized(tmp_path, "qoperator"))
+    conv = next(n for n in proto.graph.node if n.op_type == "QLinearConv")
+    scale = next(t for t in proto.graph.initializer if t.name == conv.input[1])
+    _replace(proto, scale, np.full(3, nh.to_array(scale).reshape(-1)[0], np.float32))
+    with pytest.raises(ModelError, match="activation scale"):
+        extract_tasks(proto)
