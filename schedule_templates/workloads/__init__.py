@@ -8,6 +8,7 @@ from schedule_templates.workloads.base import (
     workload_ops,
 )
 from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d, GroupConv2d
+from schedule_templates.workloads.conv_nchwc import Conv2dNCHWc, DepthwiseConv2dNCHWc
 from schedule_templates.workloads.gemm import BatchMatmul, Dense
 from schedule_templates.workloads.lowp import DenseBf16, DenseInt8
 from schedule_templates.workloads.quant_conv import Conv2dInt8
@@ -16,10 +17,12 @@ __all__ = [
     "BatchMatmul",
     "Conv2d",
     "Conv2dInt8",
+    "Conv2dNCHWc",
     "Dense",
     "DenseBf16",
     "DenseInt8",
     "DepthwiseConv2d",
+    "DepthwiseConv2dNCHWc",
     "GroupConv2d",
     "Workload",
     "make_workload",

@@ -1,0 +1,176 @@
+"""x86 template for ``depthwise_conv2d_nchwc``: one vector lane per channel.
+
+In the blocked layout the ``b`` channels of a pixel are contiguous, and each output channel
+reads only its own input channel, so a vector of ``b`` channels is computed lane by lane with
+no shuffles: a register tile is ``oh_t x ow_t`` output pixels, each one vector accumulator; a
+kernel tap is one contiguous vector load of an input pixel times one vector of weights (packed
+once as ``[C/b][R][S][b]``, zeros in padded lanes). Rows need no divisor of their width and a
+7x7 map is not vectorized along a 7-wide row. The epilogue is applied as the tile is stored.
+
+Padding comes from a zero-bordered copy: per channel block into the thread's stack buffer when
+the plane is small (read back from L1/L2 right away), otherwise a whole-tensor workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Buffer,
+    Const,
+    Expr,
+    Kernel,
+    Load,
+    LoopKind,
+    Scope,
+    Stmt,
+    loop,
+    store,
+)
+from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpace, SplitKnob
+from schedule_templates.templates.base import Template, as_workload, register
+from schedule_templates.templates.choose import largest_divisor
+from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
+from schedule_templates.templates.x86_nchwc_window import (
+    SLACK,
+    balanced_width,
+    copy_blocked_plane,
+    pad_blocked_stage,
+    padded_blocked,
+    row_tiles,
+    tile_widths,
+    vector_registers,
+)
+from schedule_templates.workloads import DepthwiseConv2dNCHWc, Workload
+
+#: largest zero-bordered plane (floats, slack included) copied into a thread's stack buffer
+MAX_LOCAL_PLANE = 64 * 1024
+
+
+def _accumulators(block: int) -> int:
+    """Accumulator vectors a tile may hold: the registers less an input and a weight vector."""
+    return vector_registers(block) - 2
+
+
+def _fits(block: int) -> Callable[[Config], bool]:
+    def fits(cfg: Config) -> bool:
+        return cfg["tile_oh"][1] * cfg["ow_t"] <= _accumulators(block)
+
+    return fits
+
+
+@register
+class DepthwiseConv2dNCHWcX86(Template):
+    name = "depthwise_conv2d_nchwc.x86"
+    op = "depthwise_conv2d_nchwc"
+    target_kind = "llvm"
+    version = 1
+    fuses_epilogue = True
+
+    def space(self, workload: Workload, device: Mapping[str, object] | None = None
+              ) -> ConfigSpace:
+        wl = as_workload(workload, DepthwiseConv2dNCHWc)
+        knobs = (
+            SplitKnob("tile_oh", wl.out_h, 2),
+            ChoiceKnob("ow_t", tile_widths(wl.out_w)),
+            AnnotateKnob("unroll_r", ("none", "unroll")),
+            ChoiceKnob("local_copy", (True, False)),
+        )
+        return ConfigSpace(knobs, constraint=_fits(wl.block))
+
+    def default_config(self, workload: Workload) -> Config:
+        wl = as_workload(workload, DepthwiseConv2dNCHWc)
+        pixels = _accumulators(wl.block)
+        # two rows of a narrow map share the loads of their overlapping taps
+        owt = balanced_width(wl.out_w, pixels if wl.out_w > pixels // 2 else pixels // 2)
+        oht = largest_divisor(wl.out_h, max(1, pixels // owt), prefer=(2, 1))
+        return self.space(wl).from_entities({
+            "tile_oh": (wl.out_h // oht, oht),
+            "ow_t": owt,
+            "unroll_r": "unroll",
+            "local_copy": True,
+        })
+
+    def lower(self, workload: Workload, config: Config) -> Kernel:
+        wl = as_workload(workload, DepthwiseConv2dNCHWc)
+        oho, oht = config["tile_oh"]
+        b = wl.block
+        data = Buffer("data", wl.input_shapes()["data"])
+        weight = Buffer("weight_packed", (wl.blocks_in, wl.R, wl.S, b))
+        out = Buffer("out", wl.output_shape())
+        epilogue = epilogue_stage(wl)
+        stages: list[Stmt] = []
+        workspace: tuple[Buffer, ...] = ()
+        top, left, bottom, right = wl.pad
+        plane_shape = (1, wl.H + top + bottom, wl.W + left + right, b)
+        local = (any(wl.pad) and bool(config["local_copy"])
+                 and int(np.prod(plane_shape)) + SLACK <= MAX_LOCAL_PLANE)
+        plane = Buffer("plane", plane_shape, Scope.LOCAL, slack=SLACK)
+        if any(wl.pad) and not local:
+            pad = padded_blocked(wl)
+            workspace = (pad,)
+            stages.append(pad_blocked_stage(wl, data, pad))
+        # a thread that copies a plane owns all its rows; otherwise row blocks are shared too
+        t, par = loop("t", wl.N * wl.blocks_in * (1 if local else oho), LoopKind.PARALLEL)
+        hb, rows = loop("oh_o", oho if local else 1)
+        q = t if local else t // oho
+        h_block = hb if local else t % oho
+        n, cb = q // wl.blocks_in, q % wl.blocks_in
+
+        def src(h: Expr, w: Expr, k: Expr) -> Load:
+            if local:
+                return plane[0, h, w, k]
+            if any(wl.pad):
+                return pad[q, h, w, k]
+            return data[n, cb, h, w, k]
+
+        unroll_r = LoopKind.UNROLL if config["unroll_r"] == "unroll" else LoopKind.SERIAL
+
+        def tile(width: int, first: Expr | int, name: str) -> Sequence[Stmt]:
+            a, unroll_a = loop(f"{name}a", oht, LoopKind.UNROLL)
+            p, unroll_p = loop(f"{name}p", width, LoopKind.UNROLL)
+            k, vec_k = loop(f"{name}k", b, LoopKind.VECTORIZE)
+            r, r_loop = loop(f"{name}r", wl.R, unroll_r)
+            s, s_loop = loop(f"{name}s", wl.S, LoopKind.UNROLL)
+            oh, ow = h_block * oht + a, first + p
+            acc = Buffer(f"acc_{name}", (oht, width, b), Scope.LOCAL)
+
+            def each(stmt: Stmt) -> Stmt:
+                return unroll_a(unroll_p(vec_k(stmt)))
+
+            tap = src(oh * wl.stride[0] + r * wl.dilation[0],
+                      ow * wl.stride[1] + s * wl.dilation[1], k)
+            return [Allocate(acc, (
+                each(store(acc[a, p, k], Const(0.0, "float32"))),
+                r_loop(s_loop(each(store(acc[a, p, k],
+                                         tap * weight[cb, r, s, k] + acc[a, p, k])))),
+                each(store(out[n, cb, oh, ow, k], epilogue.apply(
+                    acc[a, p, k], cb * b + k, (n, cb, oh, ow, k)))),
+            ))]
+
+        body: Stmt = rows(row_tiles(wl.out_w, int(config["ow_t"]), tile))
+        if local:
+            body = Allocate(plane, (*copy_blocked_plane(wl, data, plane, Const(0), n, cb), body))
+        stages.append(par(body))
+        params = (data, weight, *epilogue.buffers, out)
+        return Kernel("depthwise_conv2d_nchwc_x86", params, workspace, tuple(stages))
+
+    def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
+             ) -> dict[str, np.ndarray]:
+        wl = as_workload(workload, DepthwiseConv2dNCHWc)
+        return {"data": inputs["data"],
+                "weight_packed": pack_blocked_depthwise(inputs["weight"], wl.block),
+                **epilogue_arguments(wl, inputs)}
+
+
+def pack_blocked_depthwise(weight: np.ndarray, block: int) -> np.ndarray:
+    """``[C][1][R][S]`` -> ``[C/b][R][S][b]``, zero-padded to whole channel blocks."""
+    w = np.asarray(weight, dtype=np.float32)[:, 0]
+    c, r, s = w.shape
+    cb = -(-c // block)
+    padded = np.zeros((cb * block, r, s), dtype=np.float32)
+    padded[:c] = w
+    return np.ascontiguousarray(padded.reshape(cb, block, r, s).transpose(0, 2, 3, 1))
