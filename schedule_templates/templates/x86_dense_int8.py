@@ -38,6 +38,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
+from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.x86_dot_gemm import (
@@ -47,7 +48,6 @@ from schedule_templates.templates.x86_dot_gemm import (
     dot_default,
     dot_nest,
     dot_space,
-    int8_instruction,
     pack_panels,
     padded_k,
     padded_n,
@@ -76,11 +76,11 @@ class DenseInt8X86(Template):
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, DenseInt8)
         return dot_default(self.space(wl), wl.M, padded_n(wl.N), padded_k(wl.K, VNNI),
-                           int8_instruction())
+                           x86_dot_gemm.int8_instruction())
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseInt8)
-        inst = int8_instruction()
+        inst = x86_dot_gemm.int8_instruction()
         nr = config["tile_n"][2]
         n_pad, words = padded_n(wl.N), padded_k(wl.K, inst) // inst.per_word
         stages: list[Stmt] = []
@@ -124,7 +124,7 @@ class DenseInt8X86(Template):
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, DenseInt8)
-        inst = int8_instruction()
+        inst = x86_dot_gemm.int8_instruction()
         nr = config["tile_n"][2]
         n_pad = padded_n(wl.N)
         weight = typed(inputs, "weight", np.int8)

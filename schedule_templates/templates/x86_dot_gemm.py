@@ -159,7 +159,10 @@ def partial_buffer(cfg: Config, M: int, N: int, inst: DotInstruction) -> Buffer 
 
 
 def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish: Finish,
-             partial: Buffer | None) -> Stmt:
+             partial: Buffer | None, swap: bool = False) -> Stmt:
+    """The blocked nest: ``a`` is broadcast per row, ``b`` loaded per 16 columns; ``swap``
+    passes them to the instruction the other way round (VNNI's first operand is the unsigned
+    one: a convolution broadcasts signed weights and loads unsigned activations)."""
     mo, mi, mr = cfg["tile_m"]
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
@@ -179,7 +182,8 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
     total: Expr = acc[r, j]
     for s in range(inst.steps):  # the words of one group, in order
         word = kg * inst.steps + s if inst.steps > 1 else kg
-        total = intrinsic(inst.intrinsic, total, a(m0 + r, word), b(panel, word, j))
+        row, column = a(m0 + r, word), b(panel, word, j)
+        total = intrinsic(inst.intrinsic, total, *((column, row) if swap else (row, column)))
     step = store(acc[r, j], total)
     out_stage = unroll_r(vec_j(finish(acc[r, j], m0 + r, n0 + j)))
     if partial is None:

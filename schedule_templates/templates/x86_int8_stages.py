@@ -60,9 +60,16 @@ def word_rows(target: Target, source: ByteSource, rows: int, K: int,
     return rows_loop(*body)
 
 
-def copy_rows(source: Buffer, target: Target, rows: int, columns: int,
+def copy_rows(source: Buffer | Target, target: Target, rows: int, columns: int,
               prefix: str = "c") -> Stmt:
-    """``target(row, n) = source[row, n]`` for the first ``columns`` columns of every row."""
+    """``target(row, n) = source(row, n)`` for the first ``columns`` columns of every row (a
+    Buffer source is read as ``source[row, n]``)."""
+    if isinstance(source, Buffer):
+        buffer = source
+
+        def source(row: Expr, n: Expr) -> Load:
+            return buffer[row, n]
+
     row, rows_loop = loop(f"{prefix}_m", rows, LoopKind.PARALLEL)
     body: list[Stmt] = []
     blocks, rest = divmod(columns, LANES)
@@ -70,9 +77,9 @@ def copy_rows(source: Buffer, target: Target, rows: int, columns: int,
         cb, blocks_loop = loop(f"{prefix}_b", blocks)
         cj, lanes_loop = loop(f"{prefix}_j", LANES, LoopKind.VECTORIZE)
         n = cb * LANES + cj
-        body.append(blocks_loop(lanes_loop(store(target(row, n), source[row, n]))))
+        body.append(blocks_loop(lanes_loop(store(target(row, n), source(row, n)))))
     if rest:
         cr, rest_loop = loop(f"{prefix}_r", rest, LoopKind.VECTORIZE)
         n = cr + blocks * LANES
-        body.append(rest_loop(store(target(row, n), source[row, n])))
+        body.append(rest_loop(store(target(row, n), source(row, n))))
     return rows_loop(*body)

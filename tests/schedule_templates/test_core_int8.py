@@ -185,3 +185,75 @@ def test_vnni_kernels_compile_for_a_vnni_cpu(monkeypatch, key):
         cpu="icelake-server", features="+avx512f,+avx512bw,+avx512vnni", opt=3)
     asm = machine.emit_assembly(optimize(str(generate_llvm_ir(kernel)), machine))
     assert asm.count("vpdpbusd") >= 4 and "vpmaddwd" not in asm
+
+
+# --- conv2d_int8 -------------------------------------------------------------------------------
+
+def _direct_conv_accumulators(workload, inputs):
+    """The int32 accumulators by the definition, one output at a time (small shapes only)."""
+    data = inputs["data"].astype(np.int64) - int(inputs["data_zero_point"][0])
+    weight = inputs["weight"].astype(np.int64)
+    top, left, _, _ = workload.pad
+    out = np.zeros(workload.output_shape(), dtype=np.int64)
+    for n, k, oh, ow in np.ndindex(*out.shape):
+        g = k // workload.group_out
+        total = int(inputs["bias"][k]) if workload.bias == "s32" else 0
+        for c, r, s in np.ndindex(workload.group_in, workload.R, workload.S):
+            ih = oh * workload.stride[0] + r * workload.dilation[0] - top
+            iw = ow * workload.stride[1] + s * workload.dilation[1] - left
+            if 0 <= ih < workload.H and 0 <= iw < workload.W:
+                total += data[n, g * workload.group_in + c, ih, iw] * weight[k, c, r, s]
+        out[n, k, oh, ow] = total
+    return out
+
+
+@pytest.mark.parametrize("key", [
+    "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4,bias=s32",
+    "conv2d_int8:N=2,C=5,H=7,W=6,K=3,R=3,S=3,stride=2,pad=2x1x0x2,dilation=2",
+])
+def test_conv_int8_reference_is_the_definition(key):
+    workload = parse_workload(key)
+    inputs = workload.make_inputs(2)
+    np.testing.assert_array_equal(workload.accumulate(inputs),
+                                  _direct_conv_accumulators(workload, inputs))
+
+
+@pytest.mark.parametrize("key", [
+    "conv2d_int8:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1",
+    "conv2d_int8:N=1,C=16,H=8,W=8,K=32,R=1,S=1,bias=s32",  # pixels stored in place
+    "conv2d_int8:N=1,C=12,H=6,W=5,K=20,R=1,S=1,out=s8,scale=tensor,bias=s32",
+    "conv2d_int8:N=2,C=6,H=9,W=8,K=10,R=3,S=3,stride=2,pad=1,out=f32",
+    "conv2d_int8:N=1,C=16,H=7,W=7,K=16,R=3,S=3,pad=1,groups=16,bias=s32",  # depthwise
+    "conv2d_int8:N=1,C=8,H=9,W=9,K=16,R=3,S=3,stride=2,pad=1,groups=8",  # depthwise x2
+    "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
+    "conv2d_int8:N=2,C=5,H=11,W=10,K=7,R=3,S=3,stride=2,pad=1,dilation=2,out=s8",
+    "conv2d_int8:N=1,C=3,H=15,W=13,K=8,R=7,S=7,stride=2,pad=3",  # a ResNet stem
+])
+def test_conv_int8_is_exact(instruction, key):
+    out, ref, _ = run(key)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_int8_blocked_reduction_and_threads(instruction, threads):
+    # 3x3 taps x 8 channels = 72 values = 18 groups in three blocks; 2 output channel blocks;
+    # 7 rows of 10 (padded width) = 70 pixels computed as 80
+    entities = {"tile_m": (2, 1, 4), "tile_n": (5, 1, 16), "tile_k": (3, 3, 2),
+                "outer_order": "mn", "inner_order": "nm", "parallel": "mn"}
+    out, ref, _ = run("conv2d_int8:N=2,C=8,H=7,W=8,K=8,R=3,S=3,pad=1,out=s8,bias=s32",
+                      entities=entities, threads=threads)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_conv_int8_padding_is_the_zero_point(instruction):
+    # all activations equal to the zero point: every output is the bias alone, padding too
+    workload = parse_workload("conv2d_int8:N=1,C=4,H=5,W=5,K=16,R=3,S=3,pad=1,bias=s32,"
+                              "out=f32")
+    inputs = workload.make_inputs(4)
+    inputs["data"][:] = inputs["data_zero_point"][0]
+    out, ref, _ = run(workload.key, inputs)
+    expected = inputs["bias"].astype(np.float32) * inputs["scale"]
+    np.testing.assert_array_equal(ref, np.broadcast_to(expected[None, :, None, None],
+                                                       ref.shape))
+    np.testing.assert_array_equal(out, ref)

@@ -48,6 +48,11 @@ from schedule_templates.templates.base import Template, get_template, target_kin
 from schedule_templates.workloads import Workload
 from tuner_service.compiler.deploy.configs import Choice, ConfigBook
 from tuner_service.compiler.deploy.errors import BuildError
+from tuner_service.compiler.deploy.int8_step import (
+    Int8KernelSpec,
+    int8_kernel_specs,
+    int8_symbols,
+)
 from tuner_service.compiler.deploy.native_build import RUNTIME_LIBS, compile_runtime
 from tuner_service.compiler.frontend.fusion import Layer, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
@@ -119,8 +124,9 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         gspec = _generated_for(glayer, extra)
         gspec.layers.append(glayer.output)
         extra_entries.append(generated_layer_json(glayer, gspec.symbol))
+    int8 = int8_kernel_specs(proto, book, target)  # quantized layers (``int8_step``)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _compile_and_link([*kernels.values(), *extra.values()], out_dir / LIBRARY_FILE)
+    _compile_and_link([*kernels.values(), *extra.values(), *int8], out_dir / LIBRARY_FILE)
     manifest = {
         "format_version": MANIFEST_VERSION,
         "library": LIBRARY_FILE,
@@ -135,6 +141,8 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         "kernels": [kernel_json(spec) for spec in kernels.values()],
         "layers": layer_entries,
     }
+    if int8:
+        manifest["int8_kernels"] = int8_symbols(int8)
     if generated:  # absent: a runner computes those nodes in numpy (as before they existed)
         manifest["generated"] = [generated_json(spec) for spec in extra.values()]
         manifest["generated_layers"] = extra_entries
@@ -202,7 +210,8 @@ def fallback_keys(workload: Workload) -> list[str]:
     return [base_key] if base_key != workload.key else []
 
 
-def _compile_and_link(specs: Iterable[KernelSpec | GeneratedSpec], library: Path) -> None:
+def _compile_and_link(specs: Iterable[KernelSpec | GeneratedSpec | Int8KernelSpec],
+                      library: Path) -> None:
     linker = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if linker is None:
         raise BuildError("no C compiler driver (cc, gcc or clang) found to link the library")
