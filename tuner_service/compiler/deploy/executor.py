@@ -40,6 +40,7 @@ from tuner_service.compiler.deploy.kernel_step import (
     bind_kernel,
     workspace_elements,
 )
+from tuner_service.compiler.deploy.layout import apply_layout
 from tuner_service.compiler.deploy.library import generated_layer_json, layer_json
 from tuner_service.compiler.deploy.loader import KernelLibrary
 from tuner_service.compiler.deploy.native import ModelPlan, NativeError, NativeProgram
@@ -106,8 +107,11 @@ class ModelRunner:
         self._run_seconds = 0.0
         self._shapes = _static_shapes(proto)
         layers = plan_layers(proto)
+        planned = plan_generated(proto, layers) if library.generated is not None else []
+        # the activation layout the library was built with (``deploy.layout``)
+        layers, planned = apply_layout(proto, layers, planned, library.manifest.get("layout"))
         _check_plan(layers, library.manifest)
-        generated = generated_plan(proto, layers, library)
+        generated = generated_plan(proto, layers, library, planned)
         self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
         by_last: dict[int, list[Layer | GeneratedLayer]] = {}
         for layer in layers:
@@ -123,12 +127,16 @@ class ModelRunner:
         self.steps: list[Any] = []
         self.kernel_steps: list[KernelStep] = []  # tuned layers
         self.generated_steps: list[GeneratedStep] = []
+        for planned_layer in by_last.get(-1, []):  # layout transforms of model inputs
+            self._add_layer(planned_layer, library)
         for index, node in enumerate(proto.graph.node):
             name = node_name(node, index)
-            for planned in by_last.get(index, []):
-                self._add_layer(planned, library)
-            if index not in by_last and name not in covered:
+            # a layer's last node is covered; a layout transform placed at an uncovered node
+            # (its input's producer) runs after it
+            if name not in covered:
                 self._add_node(node, name)
+            for planned_layer in by_last.get(index, []):
+                self._add_layer(planned_layer, library)
         self.input_specs: list[InputSpec] = input_specs(proto, self.constants, self._shapes)
         #: input name -> static shape (None where a dimension is dynamic)
         self.inputs = {spec.name: spec.static_shape for spec in self.input_specs}
@@ -294,13 +302,14 @@ def _check_plan(layers: Sequence[Layer], manifest: dict[str, Any]) -> None:
                 "another model; rebuild it with tuner build")
 
 
-def generated_plan(proto: onnx.ModelProto, layers: Sequence[Layer], library: KernelLibrary
-                   ) -> list[GeneratedLayer]:
-    """The generated layers of the model, checked against the library's; none when the library
-    has no generated kernels (built with ``generated=False`` or before they existed)."""
+def generated_plan(proto: onnx.ModelProto, layers: Sequence[Layer], library: KernelLibrary,
+                   planned: Sequence[GeneratedLayer] | None = None) -> list[GeneratedLayer]:
+    """The generated layers of the model (``planned``, else planned here), checked against the
+    library's; none when the library has no generated kernels (built with ``generated=False``
+    or before they existed)."""
     if library.generated is None:
         return []
-    generated = plan_generated(proto, layers)
+    generated = list(planned) if planned is not None else plan_generated(proto, layers)
     built = library.manifest.get("generated_layers", [])
     if len(built) != len(generated):
         raise LibraryError(f"the library was built with {len(built)} generated layers, this "

@@ -53,6 +53,7 @@ from tuner_service.compiler.deploy.int8_step import (
     int8_kernel_specs,
     int8_symbols,
 )
+from tuner_service.compiler.deploy.layout import apply_layout, check_layout, layout_entry
 from tuner_service.compiler.deploy.native_build import RUNTIME_LIBS, compile_runtime
 from tuner_service.compiler.frontend.fusion import Layer, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
@@ -96,8 +97,8 @@ class GeneratedSpec:
 
 def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
                   target: str = "llvm", threads: int | None = None,
-                  input_shapes: InputShapes | None = None, generated: bool = True
-                  ) -> dict[str, Any]:
+                  input_shapes: InputShapes | None = None, generated: bool = True,
+                  layout: str = "nchw") -> dict[str, Any]:
     """Compile, link and describe; returns the manifest (also written to ``out_dir``).
 
     ``threads`` is the library's default run thread count: by default the one the configs
@@ -105,13 +106,18 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     ``model`` may be a path (external data beside it); ``input_shapes`` pins dynamic inputs
     and is recorded in the manifest, so that ``ModelRunner`` pins them the same way.
     ``generated`` compiles the other nodes the generated-operator planner maps (elementwise
-    chains, pooling, softmax, ...) into the library too; without it they run in numpy."""
+    chains, pooling, softmax, ...) into the library too; without it they run in numpy.
+    ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``)."""
+    check_layout(layout, generated)
     if target_kind(target) != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
     tuned_threads = book.threads
     threads = default_threads(threads, tuned_threads)
     proto = load_model(model, input_shapes)
     layers = plan_layers(proto)
+    entry = layout_entry(layout)
+    layers, glayers = apply_layout(proto, layers, plan_generated(proto, layers) if generated
+                                   else [], entry)
     kernels: dict[tuple[str, str, int], KernelSpec] = {}
     layer_entries = []
     for layer in layers:
@@ -120,7 +126,7 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         layer_entries.append(layer_json(layer, spec.symbol))
     extra: dict[str, GeneratedSpec] = {}
     extra_entries = []
-    for glayer in plan_generated(proto, layers) if generated else []:
+    for glayer in glayers:
         gspec = _generated_for(glayer, extra)
         gspec.layers.append(glayer.output)
         extra_entries.append(generated_layer_json(glayer, gspec.symbol))
@@ -141,6 +147,8 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         "kernels": [kernel_json(spec) for spec in kernels.values()],
         "layers": layer_entries,
     }
+    if entry["mode"] != "nchw":  # absent: plain NCHW (as before layouts existed)
+        manifest["layout"] = entry
     if int8:
         manifest["int8_kernels"] = int8_symbols(int8)
     if generated:  # absent: a runner computes those nodes in numpy (as before they existed)

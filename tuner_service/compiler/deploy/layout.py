@@ -1,0 +1,63 @@
+"""The activation layout of a built library: which plan ``tuner build --layout`` chose, written
+in the manifest, and the same plan re-applied by the runner.
+
+``nchw`` keeps every activation plain (the plan as it was). ``nchwc`` runs conv-family layers
+and the elementwise chains between them on blocked activations (``frontend.layout``) with the
+host's vector width as the block (8 floats on AVX2, 16 on AVX-512), fixed for the whole library
+so conv layers never disagree. The manifest's ``layout`` entry (``{"mode": "nchwc", "block":
+8}``) is what a runner re-plans with; a manifest without it is ``nchw``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from schedule_templates.codegen.llvm_jit import host_vector_lanes
+from tuner_service.compiler.deploy.errors import BuildError, LibraryError
+from tuner_service.compiler.frontend.fusion import Layer
+from tuner_service.compiler.frontend.generated_context import GeneratedLayer
+from tuner_service.compiler.frontend.layout import LAYOUTS, plan_layout
+
+logger = logging.getLogger(__name__)
+
+Plan = tuple[list[Layer], list[GeneratedLayer]]
+
+
+def host_block() -> int:
+    """The channel block of this host: its vector width in floats."""
+    return host_vector_lanes()
+
+
+def check_layout(layout: str, generated: bool) -> None:
+    if layout not in LAYOUTS:
+        raise BuildError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if layout != "nchw" and not generated:
+        raise BuildError(f"--layout {layout} needs the generated operators (its transforms "
+                         "are generated kernels); build without --no-generated")
+
+
+def layout_entry(mode: str, block: int | None = None) -> dict[str, Any]:
+    """The manifest's ``layout`` entry for ``mode`` (``nchw`` or ``nchwc``)."""
+    if mode == "nchw":
+        return {"mode": "nchw"}
+    return {"mode": mode, "block": block or host_block()}
+
+
+def apply_layout(proto: onnx.ModelProto, layers: Sequence[Layer],
+                 generated: Sequence[GeneratedLayer], entry: dict[str, Any] | None) -> Plan:
+    """The plan in the layout ``entry`` names (None or ``nchw``: unchanged)."""
+    mode = (entry or {}).get("mode", "nchw")
+    if mode == "nchw":
+        return list(layers), list(generated)
+    if mode != "nchwc":
+        raise LibraryError(f"the manifest names an unknown layout {mode!r}; rebuild it with "
+                           "tuner build")
+    block = int((entry or {}).get("block", 0))
+    plan = plan_layout(proto, layers, generated, block)
+    logger.info("layout nchw%dc: %d tensors blocked, %d transforms", block, len(plan.blocked),
+                plan.transforms)
+    return plan.layers, plan.generated
