@@ -11,11 +11,15 @@ import numpy as np
 import onnx
 import pytest
 
+from schedule_templates.errors import InvalidWorkloadError
 from tests.frontend.quantized_models import feeds, quantized
+from tuner_service.compiler.deploy import int8_step
 from tuner_service.compiler.deploy.configs import ConfigBook
-from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.executor import ModelRunner, NumpyStep
+from tuner_service.compiler.deploy.int8_step import Int8KernelStep
 from tuner_service.compiler.deploy.library import build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
@@ -33,13 +37,25 @@ def _quantized_tensors(model: Path) -> list[str]:
             if v.type.tensor_type.elem_type == onnx.TensorProto.UINT8]
 
 
+def _int8_steps(runner: ModelRunner) -> tuple[list[str], list[str]]:
+    """(Int8Layer nodes run by our kernels, those run by the numpy reference)."""
+    kernels = [s.layer for s in runner.steps if isinstance(s, Int8KernelStep)]
+    numpy = [s.info.name for s in runner.steps if isinstance(s, NumpyStep)
+             and s.node.domain == INT8_DOMAIN]
+    return kernels, numpy
+
+
 @pytest.mark.parametrize("form", ["qdq", "qoperator", "dynamic"])
 def test_quantized_model_matches_onnxruntime(tmp_path: Path, form: str,
                                              caplog: pytest.LogCaptureFixture) -> None:
     model = quantized(tmp_path, form)
     with caplog.at_level(logging.WARNING):
         runner = _runner(model, tmp_path / "lib")
-    assert "int8 reference" in caplog.text  # the numpy int8 steps are reported
+    kernels, numpy = _int8_steps(runner)
+    if form == "qdq":  # dense_int8 runs on every x86 host (VNNI or vpmaddwd)
+        assert {"mm", "fc"} <= set(kernels)
+    if numpy or form != "qdq":  # numpy int8 steps (and QGemm, MatMulInteger) are reported
+        assert "int8 reference" in caplog.text
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     for seed in (11, 12, 13):
         x = feeds(seed)
@@ -51,9 +67,30 @@ def test_quantized_model_matches_onnxruntime(tmp_path: Path, form: str,
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_int8_tensors_match_onnxruntime_exactly(tmp_path: Path) -> None:
-    """Every intermediate uint8 tensor of the QOperator model, not only the output."""
-    model = quantized(tmp_path, "qoperator")
+def test_without_int8_kernels_the_numpy_reference_runs_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host (or build) without an int8 template for the layers still runs the model."""
+    def no_template(op: str, target: str = "llvm") -> None:
+        raise InvalidWorkloadError(f"no template for {op} on target {target!r}")
+
+    monkeypatch.setattr(int8_step, "get_template", no_template)
+    model = quantized(tmp_path, "qdq")
+    with caplog.at_level(logging.WARNING):
+        runner = _runner(model, tmp_path / "lib")
+    kernels, numpy = _int8_steps(runner)
+    assert not kernels and len(numpy) == 3
+    assert "3 int8 layer(s)" in caplog.text and "numpy int8 reference" in caplog.text
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    x = feeds(3)
+    np.testing.assert_allclose(runner.run(x)["y"], session.run(None, x)[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["qoperator", "qdq"])
+def test_int8_tensors_match_onnxruntime_exactly(tmp_path: Path, form: str) -> None:
+    """Every intermediate uint8 tensor, not only the output."""
+    model = quantized(tmp_path, form)
     names = _quantized_tensors(model)
     assert len(names) >= 3
     proto = onnx.load(model)

@@ -22,7 +22,8 @@ CONV = "conv2d_int8:N=1,C=3,H=8,W=8,K=16,R=3,S=3,stride=2,pad=1"
 
 
 @pytest.mark.parametrize(("form", "keys"), [
-    ("qdq", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256", "dense_int8:M=1,N=10,K=32"]),
+    ("qdq", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256",
+             "dense_int8:M=1,N=10,K=32,bias=s32"]),
     # QGemm reads QLinearAdd's output, which onnx (no com.microsoft schemas) cannot type
     ("qoperator", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256"]),
     ("dynamic", [f"{CONV},out=f32,scale=tensor", "dense_int8:M=1,N=32,K=256,out=f32,scale=tensor",

@@ -34,6 +34,7 @@ from tuner_service.compiler.deploy.generated_step import (
     bind_generated,
     generated_workspace,
 )
+from tuner_service.compiler.deploy.int8_step import Int8KernelStep, int8_kernel_for
 from tuner_service.compiler.deploy.kernel_step import (
     KernelStep,
     Scratch,
@@ -54,6 +55,7 @@ from tuner_service.compiler.frontend.fusion import Layer, node_name, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
 from tuner_service.compiler.frontend.graph import index_graph
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
+from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 from tuner_service.compiler.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
@@ -176,6 +178,12 @@ class ModelRunner:
 
     def _add_node(self, node: onnx.NodeProto, name: str) -> None:
         info = NodeInfo.from_proto(node, name, self._opset)
+        if node.domain == INT8_DOMAIN:  # a quantized layer: its int8 kernel when built
+            kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
+            if kernel is not None:
+                self.steps.append(Int8KernelStep(kernel, node, info, self.constants,
+                                                 self.threads))
+                return
         fn = (OPS.get(node.op_type) if node.domain in ("", "ai.onnx")
               else DOMAIN_OPS.get((node.domain, node.op_type)))
         step: NumpyStep | FallbackStep

@@ -90,6 +90,9 @@ class KernelLibrary:
         except OSError as e:
             raise LibraryError(f"cannot load {path}: {e}") from e
         self.kernels = {k["symbol"]: self._load_kernel(k) for k in self.manifest["kernels"]}
+        #: the quantized layers' kernels (typed buffers, bound by ``int8_step``)
+        self.int8_kernels = {k["symbol"]: self._load_kernel(k)
+                             for k in self.manifest.get("int8_kernels", [])}
         #: None for a library built without generated kernels (or before they existed): the
         #: runner then computes those nodes in numpy
         self.generated: dict[str, LoadedGenerated] | None = None

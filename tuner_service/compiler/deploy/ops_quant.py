@@ -217,10 +217,7 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     ReLU as a clamp at the output zero point, in the ONNX output's shape."""
     workload = parse_workload(str(node.get("workload")))
     named = int8_layer_inputs(workload, inputs)
-    acc = workload.accumulate(named)  # type: ignore[attr-defined]
-    extra_bias = optional(inputs, 4)
-    if extra_bias is not None and "bias" not in workload.input_shapes():
-        acc = (acc.astype(np.int64) + np.asarray(extra_bias, np.int64)).astype(np.int32)
+    acc = workload.accumulate(named)  # type: ignore[attr-defined]  # bias included
     channels = (1, -1, 1, 1) if acc.ndim == 4 else (-1,)
     scale = np.asarray(named["scale"], np.float32).reshape(channels)
     zp = named.get("out_zero_point")
@@ -256,7 +253,8 @@ DOMAIN_OPS: dict[tuple[str, str], OpFn] = {
 
 def warn_int8_reference(steps: Sequence[object]) -> int:
     """Log once which int8 layers run as numpy reference steps, and why; returns how many."""
-    layers = [step for step in steps if _is_int8_layer(getattr(step, "node", None))]
+    layers = [step for step in steps  # numpy steps (``fn``), not int8 kernel steps
+              if hasattr(step, "fn") and _is_int8_layer(getattr(step, "node", None))]
     if not layers:
         return 0
     from schedule_templates.codegen.llvm_jit import host_features
@@ -265,7 +263,7 @@ def warn_int8_reference(steps: Sequence[object]) -> int:
             "; this host also lacks AVX-512 VNNI, which our int8 kernels need")
     first = layers[0].node  # type: ignore[attr-defined]
     logger.warning("%d int8 layer(s) (e.g. %r, %s) run as numpy int8 reference steps "
-                   "(integer exact, slow): model libraries do not link int8 kernels yet%s",
+                   "(integer exact, slow): no int8 kernel in the library for them%s",
                    len(layers), first.name,
                    _attribute_text(first, "workload") or first.op_type, host)
     return len(layers)

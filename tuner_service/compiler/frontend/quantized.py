@@ -304,10 +304,11 @@ def _int8_workload(fp32: Workload, y_zp: np.ndarray | None, scale: np.ndarray,
     else:
         raise UnmappableNode(f"output type {y_zp.dtype} has no int8 kernel")
     per = "channel" if scale.size > 1 else "tensor"
+    with_bias = "none" if bias is None else "s32"
     if fp32.op == "dense":
         return make_workload("dense_int8", M=fp32.M, N=fp32.N, K=fp32.K,  # type: ignore[attr-defined]
-                             out=out, scale=per)
-    return int8_conv(fp32, out=out, scale=per, bias="none" if bias is None else "s32")
+                             out=out, scale=per, bias=with_bias)
+    return int8_conv(fp32, out=out, scale=per, bias=with_bias)
 
 
 def _make_group(view: _Graph, parts: _Parts, nodes: set[int], workload: Workload,

@@ -1,0 +1,171 @@
+"""Int8 layers with our kernels: ``tuner build`` compiles one per ``Int8Layer`` node
+(``frontend.quantized``) whose workload has a template on this host, and the runner calls it.
+
+The manifest lists them under ``int8_kernels`` (same fields as ``kernels``), apart from the
+fp32 layer plan: their buffers are typed (uint8 activations, int32 packed weights, uint8/int8
+or fp32 outputs), so they run as steps of their own, between the native fp32 segments, reading
+the uint8 activation by pointer and writing a typed output buffer of their own. A node without
+a kernel (no template for its workload yet, e.g. ``conv2d_int8``, or a library built before
+int8 kernels existed) runs the numpy int8 reference (``ops_quant``), reported at load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from schedule_templates.errors import ScheduleError
+from schedule_templates.ir.nodes import Buffer
+from schedule_templates.runtime import buffer_array, lower
+from schedule_templates.templates.base import get_template
+from tuner_service.compiler.deploy.configs import Choice, ConfigBook
+from tuner_service.compiler.deploy.errors import LibraryError
+from tuner_service.compiler.deploy.node import NodeInfo
+from tuner_service.compiler.frontend.quantized_ops import (
+    INT8_DOMAIN,
+    INT8_OP,
+    int8_layer_inputs,
+    int8_layer_workload,
+)
+
+if TYPE_CHECKING:  # loader imports library, which imports this module
+    from tuner_service.compiler.deploy.loader import LoadedKernel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Int8KernelSpec:
+    """One compiled int8 kernel and the Int8Layer nodes that call it (``library`` links it)."""
+
+    symbol: str
+    entry: dict[str, Any]  # the manifest entry, without ``args`` until lowered
+    kernel: Any  # schedule_templates.ir.nodes.Kernel
+
+    @property
+    def label(self) -> str:
+        return str(self.entry["workload"])
+
+
+def int8_kernel_specs(proto: onnx.ModelProto, book: ConfigBook, target: str
+                      ) -> list[Int8KernelSpec]:
+    """One kernel per distinct int8 workload of the model's Int8Layer nodes that lowers on
+    this host; the others are left to the numpy reference (a warning says which)."""
+    specs: dict[str, Int8KernelSpec] = {}
+    skipped: dict[str, str] = {}
+    for node in proto.graph.node:
+        if node.domain != INT8_DOMAIN or node.op_type != INT8_OP:
+            continue
+        workload = int8_layer_workload(node)
+        if workload.key in specs:
+            specs[workload.key].entry["layers"].append(node.name)
+            continue
+        try:
+            template = get_template(workload.op, target)
+            choice = book.choose(workload, template, []) or Choice(
+                template.default_config(workload), "default", None, None)
+            kernel = lower(workload, template, choice.config)
+        except ScheduleError as e:
+            skipped.setdefault(workload.key, str(e))
+            continue
+        symbol = f"q{len(specs):03d}_{workload.op}"
+        kernel = dataclasses.replace(kernel, name=symbol)
+        entry = {"symbol": symbol, "workload": workload.key, "op": workload.op,
+                 "template": template.name, "template_version": template.version,
+                 "config": choice.config.to_json(), "config_source": choice.source,
+                 "args": _args_json(kernel), "layers": [node.name]}
+        specs[workload.key] = Int8KernelSpec(symbol, entry, kernel)
+    for key, reason in skipped.items():
+        logger.warning("int8 layers of %s run as numpy reference steps: %s", key, reason)
+    return list(specs.values())
+
+
+def _args_json(kernel: Any) -> list[dict[str, Any]]:
+    roles = [("input", b) for b in kernel.params[:-1]] + [("output", kernel.output)]
+    roles += [("workspace", b) for b in kernel.workspace]
+    return [{"name": b.name, "role": role, "shape": list(b.shape), "dtype": b.dtype,
+             "elements": b.size + b.slack} for role, b in roles]
+
+
+def int8_kernel_for(kernels: Mapping[str, LoadedKernel], manifest: Mapping[str, Any],
+                    node_name: str) -> LoadedKernel | None:
+    """The library's kernel for the Int8Layer node ``node_name``, if it has one."""
+    for entry in manifest.get("int8_kernels", []):
+        if node_name in entry.get("layers", []):
+            return kernels.get(str(entry["symbol"]))
+    return None
+
+
+class Int8KernelStep:
+    """An Int8Layer node run by its compiled kernel: constants packed once, the uint8
+    activation read by pointer (or staged when the kernel over-reads), a typed output."""
+
+    def __init__(self, kernel: LoadedKernel, node: onnx.NodeProto, info: NodeInfo,
+                 constants: Mapping[str, np.ndarray], threads: int) -> None:
+        self.kernel, self.node, self.info = kernel, node, info
+        self.layer = node.name
+        self.inputs, self.outputs = [node.input[0]], [node.output[0]]
+        workload = kernel.workload
+        lowered = kernel.template.lower(workload, kernel.config)
+        values = [None, *(constants.get(name) if name else None for name in node.input[1:])]
+        named = int8_layer_inputs(workload, values)
+        data_shape = workload.input_shapes()["data"]
+        named["data"] = np.zeros(data_shape, np.uint8)
+        try:
+            packed = kernel.template.pack(workload, kernel.config, named)
+        except (ScheduleError, ValueError) as e:
+            raise LibraryError(f"int8 layer {node.name}: packing its constants failed: {e}"
+                               ) from e
+        self._data = next(b for b in lowered.params if b.name == "data")
+        self._staged = buffer_array(self._data, zero=True) if self._data.slack else None
+        arrays = [self._staged if b is self._data else _bound(b, packed, node.name)
+                  for b in lowered.params[:-1]]
+        self._out = buffer_array(lowered.output, zero=True)
+        arrays += [self._out, *(buffer_array(b, zero=True) for b in lowered.workspace)]
+        self._arrays = arrays  # keeps every buffer alive
+        self._pointers = [0 if a is None else a.ctypes.data for a in arrays]
+        self._data_position = lowered.params.index(self._data)
+        self._output_size = lowered.output.size
+        self._shape = tuple(int(d) for d in info.get("shape"))
+        zp = named.get("out_zero_point")
+        self._relu_floor = (None if not info.get("relu", 0)
+                            else 0 if zp is None else zp.reshape(-1)[0])
+        self._threads = ctypes.c_int64(max(1, threads))
+
+    def __call__(self, env: dict[str, np.ndarray]) -> None:
+        data = np.ascontiguousarray(env[self.inputs[0]], dtype=np.uint8)
+        if self._staged is not None:
+            self._staged.view(np.uint8)[:data.size] = data.reshape(-1)
+        else:
+            env[self.inputs[0]] = data  # keep it alive for the call
+            self._pointers[self._data_position] = data.ctypes.data
+        self.kernel.function(*self._pointers, self._threads)
+        result = self._out[:self._output_size].reshape(self._shape)
+        if self._relu_floor is not None:
+            result = np.maximum(result, self._relu_floor).astype(result.dtype)
+        env[self.outputs[0]] = result
+
+
+def _bound(buf: Buffer, packed: Mapping[str, np.ndarray], layer: str) -> np.ndarray:
+    value = packed.get(buf.name)
+    if value is None or value.size != buf.size:
+        got = "nothing" if value is None else f"{value.size} elements"
+        raise LibraryError(f"int8 layer {layer}: kernel argument {buf.name} needs {buf.size} "
+                           f"elements, packing gave {got}")
+    array = buffer_array(buf, zero=True)
+    if array.dtype != value.dtype and buf.dtype != "float32":
+        raise LibraryError(f"int8 layer {layer}: argument {buf.name} is {value.dtype}, the "
+                           f"kernel reads {array.dtype}")
+    array[:buf.size] = np.asarray(value, dtype=array.dtype).reshape(-1)
+    return array
+
+
+def int8_symbols(specs: Iterable[Int8KernelSpec]) -> list[dict[str, Any]]:
+    """The manifest's ``int8_kernels`` section."""
+    return [spec.entry for spec in specs]
