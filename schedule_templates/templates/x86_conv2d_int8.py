@@ -13,7 +13,8 @@ Columns are pixels of a phase-width row (``Wh`` per output row: the ``Wh - OW`` 
 computed and dropped) rounded up to whole registers; the tiles go to a workspace and the real
 pixels are copied into NCHW, unless nothing is dropped (then they are stored in place). The
 per-word tap offsets are a constant input computed at pack time. Depthwise layers (one input
-channel per group) run on the same nest, three quarters of each word padding: correct, not fast.
+channel per group) have a kernel of their own (``x86_depthwise_int8``): on this nest three
+quarters of each word would be padding.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ from schedule_templates.templates.x86_dense_int8 import (
     OUT_DTYPES,
     compensation,
     requantized,
+)
+from schedule_templates.templates.x86_depthwise_int8 import (
+    depthwise_default,
+    depthwise_kernel,
+    depthwise_space,
+    is_depthwise,
 )
 from schedule_templates.templates.x86_dot_gemm import (
     VNNI,
@@ -143,17 +150,24 @@ class Conv2dInt8X86(Template):
               ) -> ConfigSpace:
         wl = _as(workload, Conv2dInt8)
         geo = _Geometry(wl, VNNI)  # the space is the same whatever the instruction
+        if is_depthwise(wl):
+            return depthwise_space(geo.columns)
         return dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Conv2dInt8)
         geo = _Geometry(wl, VNNI)
+        if is_depthwise(wl):
+            return depthwise_default(self.space(wl), geo.columns)
         return dot_default(self.space(wl), wl.group_out, geo.columns, geo.reduction,
                            x86_dot_gemm.int8_instruction())
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dInt8)
         geo = _Geometry(wl, x86_dot_gemm.int8_instruction())
+        if is_depthwise(wl):
+            layout = (geo.phase_h, geo.phase_w, geo.columns, geo.plane)
+            return depthwise_kernel(wl, config, layout)
         inst, nr = geo.inst, config["tile_n"][2]
         kg = wl.group_out
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W), dtype="uint8")
@@ -205,8 +219,9 @@ class Conv2dInt8X86(Template):
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
         args = {
             "data": typed(inputs, "data", np.uint8),
-            "weight_packed": _pack_weights(wl, geo, weight),
-            "tap_offsets": geo.tap_offsets(),
+            **({"weight_taps": weight.reshape(wl.K, -1).astype(np.int32)} if is_depthwise(wl)
+               else {"weight_packed": _pack_weights(wl, geo, weight),
+                     "tap_offsets": geo.tap_offsets()}),
             "data_zero_point": data_zp,
             "compensation": compensation(wl.bias, inputs, weight, int(data_zp[0])),
             "scale": scale,

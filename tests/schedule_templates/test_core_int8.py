@@ -225,6 +225,8 @@ def test_conv_int8_reference_is_the_definition(key):
     "conv2d_int8:N=2,C=6,H=9,W=8,K=10,R=3,S=3,stride=2,pad=1,out=f32",
     "conv2d_int8:N=1,C=16,H=7,W=7,K=16,R=3,S=3,pad=1,groups=16,bias=s32",  # depthwise
     "conv2d_int8:N=1,C=8,H=9,W=9,K=16,R=3,S=3,stride=2,pad=1,groups=8",  # depthwise x2
+    "conv2d_int8:N=2,C=4,H=9,W=10,K=4,R=5,S=3,stride=2x1,pad=2x1x0x1,dilation=1x2,groups=4,"
+    "out=s8,scale=tensor",
     "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
     "conv2d_int8:N=2,C=5,H=11,W=10,K=7,R=3,S=3,stride=2,pad=1,dilation=2,out=s8",
     "conv2d_int8:N=1,C=3,H=15,W=13,K=8,R=7,S=7,stride=2,pad=3",  # a ResNet stem
@@ -246,10 +248,11 @@ def test_conv_int8_blocked_reduction_and_threads(instruction, threads):
     np.testing.assert_array_equal(out, ref)
 
 
-def test_conv_int8_padding_is_the_zero_point(instruction):
+@pytest.mark.parametrize("groups", [1, 4])
+def test_conv_int8_padding_is_the_zero_point(instruction, groups):
     # all activations equal to the zero point: every output is the bias alone, padding too
-    workload = parse_workload("conv2d_int8:N=1,C=4,H=5,W=5,K=16,R=3,S=3,pad=1,bias=s32,"
-                              "out=f32")
+    workload = parse_workload(f"conv2d_int8:N=1,C=4,H=5,W=5,K=16,R=3,S=3,pad=1,groups={groups},"
+                              "bias=s32,out=f32")
     inputs = workload.make_inputs(4)
     inputs["data"][:] = inputs["data_zero_point"][0]
     out, ref, _ = run(workload.key, inputs)
@@ -257,3 +260,11 @@ def test_conv_int8_padding_is_the_zero_point(instruction):
     np.testing.assert_array_equal(ref, np.broadcast_to(expected[None, :, None, None],
                                                        ref.shape))
     np.testing.assert_array_equal(out, ref)
+
+
+def test_depthwise_int8_uses_int32_vectors_not_padded_words():
+    workload = parse_workload("conv2d_int8:N=1,C=32,H=10,W=10,K=32,R=3,S=3,pad=1,groups=32")
+    template = get_template("conv2d_int8")
+    assert template.space(workload).knob("tile_n")  # its own space: pixel blocks only
+    _, _, asm = run(workload.key)
+    assert "vpmulld" in asm and "vpmaddwd" not in asm and "vpdpbusd" not in asm
