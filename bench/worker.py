@@ -241,7 +241,7 @@ class LiveServer:
         import uvicorn
         from pydantic import SecretStr
 
-        from tuner_service.api.app import create_app
+        from tuner_service.app import create_app
         from tuner_service.db.migrate import upgrade
         from tuner_service.settings import Settings
 

@@ -84,7 +84,7 @@ def make_client() -> Iterator[Callable[[Settings], TestClient]]:
     """Start apps (lifespan included) and stop them at the end of the test."""
     from fastapi.testclient import TestClient
 
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
 
     opened: list[TestClient] = []
 

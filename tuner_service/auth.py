@@ -15,8 +15,8 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.models import Token
+from tuner_service.errors import InvalidInputError
 
 logger = logging.getLogger(__name__)
 

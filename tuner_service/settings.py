@@ -14,7 +14,6 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schedule_templates.records import MeasureOptions
-from tuner_service.jobs.budget import ResourceBudget
 
 #: example values from the docs; never acceptable outside development
 _DEFAULT_SECRETS = frozenset({"", "change-me", "changeme", "secret", "admin", "tuner"})
@@ -140,16 +139,6 @@ class Settings(BaseSettings):
             flush_cache=self.measure_flush_cache,
             build_timeout_s=self.build_timeout_s,
             run_timeout_s=self.run_timeout_s,
-        )
-
-    def budget(self) -> ResourceBudget:
-        return ResourceBudget(
-            max_tensor_bytes=self.budget_max_tensor_bytes,
-            max_candidate_flops=self.budget_max_candidate_flops,
-            max_number=self.budget_max_number, max_repeat=self.budget_max_repeat,
-            max_min_repeat_ms=self.budget_max_min_repeat_ms,
-            max_build_timeout_s=self.budget_max_build_timeout_s,
-            max_run_timeout_s=self.budget_max_run_timeout_s,
         )
 
     def with_overrides(self, **values: Any) -> Settings:

@@ -25,22 +25,23 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from workers.task import MeasureId, MeasureTask
+
 from schedule_templates.records import ErrorKind, MeasureResult
-from workers.backends import BackendSpec, backend_class
+from workers.backends import BackendSpec, accelerator_facts, backend_class
 from workers.backoff import Backoff
 from workers.client import ServerClient
 from workers.compile_cache import CompileCache
 from workers.device_class import DeviceClass, DeviceClassError
 from workers.errors import ProtocolError, ServerRejected, ServerUnavailable, WorkerError
 from workers.feed import Claimed, Feed
-from workers.hardware import accelerator_facts, cpu_facts, device_class, software_versions
+from workers.hardware import cpu_facts, device_class, software_versions
 from workers.heartbeat import Heartbeat, HeldItems
 from workers.measure.cores import pinned
 from workers.measure.pool import IsolatedMeasurer, Measured
 from workers.peak import PeakGauge
 from workers.settings import WorkerSettings
 from workers.spool import Spool
-from workers.task import MeasureId, MeasureTask
 from workers.timings import StageTimes
 
 logger = logging.getLogger(__name__)

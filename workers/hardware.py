@@ -1,13 +1,14 @@
 """Facts about this machine and its software, reported at registration.
 
 Everything is read from /proc and /sys (Linux) with safe fallbacks elsewhere; nothing runs at
-import time and nothing heavy is imported (versions come from package metadata).
+import time and nothing heavy is imported (versions come from package metadata). A GPU's facts
+come from its backend (``workers.backends.accelerator_facts``): the backends build on this
+module, never the other way round.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import os
 import platform
 from pathlib import Path
@@ -19,8 +20,6 @@ from workers.device_class import (
     gpu_device_class,
     read_cpuinfo,
 )
-
-logger = logging.getLogger(__name__)
 
 #: widest vector unit implied by a CPU flag, widest first
 _VECTOR_FLAGS = (("avx512f", 512), ("avx2", 256), ("avx", 256), ("sse2", 128), ("asimd", 128),
@@ -81,21 +80,6 @@ def llc_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> i
     if not data:
         return DEFAULT_LLC_BYTES
     return int(max(data, key=lambda c: (c["level"], c["size_bytes"]))["size_bytes"])
-
-
-def accelerator_facts(backend: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``{"gpu": {...}}`` (name, ``compute_capability`` and launch limits, the keys GPU
-    templates read as ``device``) for a GPU backend; {} for others or an unreadable GPU."""
-    if backend != "cuda":
-        return {}
-    from workers.backends.cuda import gpu_facts  # imports pycuda: only for a GPU worker
-    from workers.errors import WorkerError
-
-    try:
-        return {"gpu": gpu_facts(int((options or {}).get("device", 0)))}
-    except WorkerError as e:
-        logger.warning("cannot read the GPU's facts: %s", e)
-        return {}
 
 
 def device_class(hardware: dict[str, Any], declared: str | None = None,

@@ -8,6 +8,7 @@ import types
 
 import numpy as np
 import pytest
+from workers.task import MeasureTask
 
 from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import CompiledKernel
@@ -15,11 +16,9 @@ from schedule_templates.ir.gpu import serialize_for_host
 from schedule_templates.records import ErrorKind, MeasureOptions
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
-from workers.backends import BackendSpec, backend_names, create_backend
+from workers.backends import BackendSpec, accelerator_facts, backend_names, create_backend
 from workers.errors import BackendError
-from workers.hardware import accelerator_facts
 from workers.measure.runner import measure_task
-from workers.task import MeasureTask
 
 KEY = "dense:M=24,N=20,K=12"
 TARGET = "cuda -arch=sm_90"

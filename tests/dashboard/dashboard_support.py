@@ -87,7 +87,7 @@ def serve(settings: Any) -> Iterator[str]:
     """The app under uvicorn on a free loopback port, for as long as the block runs."""
     import uvicorn
 
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ def live_server(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     import uvicorn
 
     from tuner_service import auth
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
     from tuner_service.db.engine import Database
     from tuner_service.db.migrate import upgrade
 

@@ -42,7 +42,7 @@ class LiveServer:
         import uvicorn
         from pydantic import SecretStr
 
-        from tuner_service.api.app import create_app
+        from tuner_service.app import create_app
         from tuner_service.settings import Settings
 
         self.port = free_port()

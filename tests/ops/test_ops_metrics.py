@@ -14,8 +14,8 @@ from sqlalchemy import func, select
 
 from tuner_service.api.metrics import ServiceMetrics
 from tuner_service.db.engine import Database
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.models import Measurement
+from tuner_service.errors import InvalidInputError
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str]:
     from tuner_service import auth
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
     from tuner_service.db.engine import Database
     from tuner_service.db.migrate import upgrade
     from tuner_service.jobs import queue

@@ -164,7 +164,7 @@ def record_lines(draw: st.DrawFn) -> str:
 @given(st.lists(record_lines(), min_size=1, max_size=4))
 def test_any_records_import_cleanly_or_are_refused_whole(import_db: Any, lines: list[str]
                                                          ) -> None:
-    from tuner_service.db.errors import InvalidInputError
+    from tuner_service.errors import InvalidInputError
     from tuner_service.jobs.records import import_lines
 
     session_cm = import_db.session()

@@ -29,7 +29,7 @@ def state(client: TestClient) -> Any:
 def app(any_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     from rel_live import create_tokens
 
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
     from tuner_service.settings import Settings
 
     settings = Settings(database_url=any_url, data_dir=tmp_path / "data", lease_s=30.0,

@@ -107,7 +107,7 @@ def test_a_worker_token_bound_to_a_device_key_registers_only_that_key(
 def test_only_worker_tokens_take_a_device_key(settings: Settings) -> None:
     import pytest
 
-    from tuner_service.db.errors import InvalidInputError
+    from tuner_service.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="worker token"):
         _token(settings, "user", device_key="k")

@@ -13,10 +13,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
 from tuner_service.db.engine import Database
-from tuner_service.db.errors import DatabaseBusyError, InvalidInputError
+from tuner_service.db.errors import DatabaseBusyError
 from tuner_service.db.migrate import upgrade
 from tuner_service.db.models import Job, Worker
 from tuner_service.db.types import bounded_utc
+from tuner_service.errors import InvalidInputError
 from tuner_service.settings import Settings
 
 
@@ -56,7 +57,7 @@ def test_a_busy_database_answers_503_with_retry_after(tmp_path: Path) -> None:
     settings = Settings(database_url=url, data_dir=tmp_path, run_driver=False,
                         database_busy_timeout_s=0.3)
     from tuner_service import auth
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
 
     with TestClient(create_app(settings)) as client:
         db: Database = client.app.state.db  # type: ignore[attr-defined]

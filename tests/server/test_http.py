@@ -21,7 +21,7 @@ from .fakes import FakeWorker
 def live_server(settings: Settings) -> Iterator[str]:
     import uvicorn
 
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

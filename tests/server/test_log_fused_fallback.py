@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tuner_service.db.errors import NotFoundError
+from tuner_service.errors import NotFoundError
 from tuner_service.jobs import log
 
 BASE = "conv2d:N=1,C=8,H=10,W=10,K=32,R=3,S=3,pad=1"

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 
-from tuner_service.api import create_app
+from tuner_service.app import create_app
 from tuner_service.db.engine import make_engine
 from tuner_service.db.errors import SchemaOutdatedError
 from tuner_service.db.migrate import current_revision, downgrade, head_revision, upgrade

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from schedule_templates.workloads import parse_workload
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.values import bounded_json, check_tree, safe_json
+from tuner_service.errors import InvalidInputError
 from tuner_service.jobs.budget import ResourceBudget
 
 

@@ -51,7 +51,7 @@ class LiveServer:
     def start(self) -> None:
         from pydantic import SecretStr
 
-        from tuner_service.api.app import create_app
+        from tuner_service.app import create_app
         from tuner_service.settings import Settings
 
         settings = Settings(

@@ -1,5 +1,8 @@
-"""The REST API (FastAPI). ``create_app(settings)`` builds it; nothing happens at import."""
+"""The REST API (FastAPI). ``create_api(settings)`` builds it; nothing happens at import.
 
-from tuner_service.api.app import create_app
+The served application (the API with the dashboard at ``/``) is ``tuner_service.app``.
+"""
 
-__all__ = ["create_app"]
+from tuner_service.api.app import create_api
+
+__all__ = ["create_api"]

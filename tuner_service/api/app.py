@@ -1,20 +1,18 @@
-"""The FastAPI application factory.
+"""The API's application factory (``tuner_service.app.create_app`` adds the dashboard).
 
-``create_app(settings)`` wires settings, the database and the job driver into ``app.state``;
+``create_api(settings)`` wires settings, the database and the job driver into ``app.state``;
 nothing connects until the app starts. At start it refuses a database that is not at the
 migration head (``tuner db upgrade`` fixes that) and starts the job driver thread.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from tuner_service import auth
@@ -38,7 +36,7 @@ API_PREFIX = "/api/v1"
 REQUEST_THREADS = 12
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_api(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(
         title="tuner service",
@@ -59,7 +57,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                    packs.router):
         app.include_router(router, prefix=API_PREFIX)
     install_docs(app)
-    _mount_dashboard(app)
     return app
 
 
@@ -90,19 +87,3 @@ def _bootstrap_token(db: Database, secret: str, role: str) -> None:
     with db.session() as session:
         auth.ensure_token(session, secret, role, f"bootstrap ({role})")
 
-
-def _mount_dashboard(app: FastAPI) -> None:
-    """Serve the dashboard at ``/`` when its module is installed, else point at the API docs."""
-    try:
-        dashboard = importlib.import_module("tuner_service.dashboard")
-    except ModuleNotFoundError as e:
-        if e.name not in ("tuner_service.dashboard",):
-            raise
-        dashboard = None
-    if dashboard is not None and hasattr(dashboard, "mount"):
-        dashboard.mount(app)
-        return
-
-    @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        return RedirectResponse("/docs")

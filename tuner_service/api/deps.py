@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from tuner_service import auth
 from tuner_service.api.schemas import MAX_ID
 from tuner_service.db.engine import Database
-from tuner_service.db.errors import AuthError, ForbiddenError, NotFoundError
 from tuner_service.db.models import Job, Token, Worker
+from tuner_service.errors import AuthError, ForbiddenError, NotFoundError
 from tuner_service.jobs.driver import JobDriver
 from tuner_service.jobs.templates import SpaceCache
 from tuner_service.settings import Settings

@@ -1,14 +1,17 @@
 """Expected failures become clear JSON answers (``{"detail": ...}``), never a 500.
 
-The handlers themselves must not fail: a 422 names what was wrong without echoing values that
-JSON cannot carry (NaN, bytes, lone surrogates), and a 503 says when to try again
-(``Retry-After``), so a worker backs off instead of hammering a busy database.
+This is the one place an error class becomes an HTTP status: the rest of the package raises
+``tuner_service.errors`` in words and knows nothing of HTTP. The handlers themselves must not
+fail: a 422 names what was wrong without echoing values that JSON cannot carry (NaN, bytes, lone
+surrogates), and a 503 says when to try again (``Retry-After``), so a worker backs off instead
+of hammering a busy database.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -17,21 +20,55 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schedule_templates.errors import ScheduleError
-from tuner_service.db.errors import AuthError, TunerServiceError
+from tuner_service.db.errors import DatabaseBusyError, DatabaseError, SchemaOutdatedError
 from tuner_service.db.values import safe_json
+from tuner_service.errors import (
+    AuthError,
+    ConflictError,
+    ForbiddenError,
+    InvalidInputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    TunerServiceError,
+    UnavailableError,
+)
 
 logger = logging.getLogger(__name__)
+
+V = TypeVar("V")
+
+#: the HTTP status of each error class; an error takes its nearest ancestor's, else 500
+STATUS: Mapping[type[Exception], int] = {
+    NotFoundError: 404,
+    InvalidInputError: 422,
+    ConflictError: 409,
+    PayloadTooLargeError: 413,
+    AuthError: 401,
+    ForbiddenError: 403,
+    DatabaseError: 503,
+    SchemaOutdatedError: 503,
+    UnavailableError: 503,
+}
+#: seconds a client should wait before trying again (sent as ``Retry-After``)
+RETRY_AFTER_S: Mapping[type[Exception], int] = {DatabaseError: 2, DatabaseBusyError: 1}
+
+
+def nearest(table: Mapping[type[Exception], V], error: Exception) -> V | None:
+    """The entry of ``table`` for the closest class of ``error`` (itself first), or None."""
+    return next((table[cls] for cls in type(error).__mro__ if cls in table), None)
 
 
 async def _service_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TunerServiceError)
     detail = exc.args[0] if exc.args else type(exc).__name__
+    status = nearest(STATUS, exc) or 500
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else {}
-    if exc.retry_after_s is not None:
-        headers["Retry-After"] = str(exc.retry_after_s)
-    if exc.status_code >= 500:
+    retry_after_s = nearest(RETRY_AFTER_S, exc)
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    if status >= 500:
         logger.warning("%s: %s", type(exc).__name__, detail)
-    return JSONResponse({"detail": safe_json(detail)}, status_code=exc.status_code,
+    return JSONResponse({"detail": safe_json(detail)}, status_code=status,
                         headers=headers or None)
 
 

@@ -40,8 +40,9 @@ from schedule_templates.records import ErrorKind
 from tuner_service.api.deps import Reader
 from tuner_service.db.clock import utcnow_plus
 from tuner_service.db.engine import Database
-from tuner_service.db.errors import TunerServiceError
 from tuner_service.db.models import Job, Measurement, Worker
+from tuner_service.db.states import MEASUREMENT_PENDING, JobStatus
+from tuner_service.errors import TunerServiceError
 from tuner_service.jobs.results import STORED_RESULTS_INFO
 from tuner_service.jobs.timings import timing_medians
 
@@ -50,8 +51,6 @@ logger = logging.getLogger(__name__)
 #: a worker is online when it was heard from within this many heartbeat periods (as the API's
 #: worker list counts it)
 ONLINE_HEARTBEATS = 3
-QUEUE_STATES = ("queued", "leased")
-JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 #: the window of the time-split medians (as the dashboard's workers view)
 TIMING_WINDOW_S = 300.0
 
@@ -92,13 +91,13 @@ class DatabaseCollector(Collector):
             "(leased), per target and device key", labels=["state", "target", "device_key"])
         rows = session.execute(
             select(Measurement.state, Measurement.target, Measurement.device_key, func.count())
-            .where(Measurement.state.in_(QUEUE_STATES))
+            .where(Measurement.state.in_(MEASUREMENT_PENDING))
             .group_by(Measurement.state, Measurement.target, Measurement.device_key)).all()
         seen = set()
         for state, target, device_key, count in rows:
             family.add_metric([state, target, device_key or ""], float(count))
             seen.add(state)
-        for state in QUEUE_STATES:  # so a sum over an empty queue is 0, not "no data"
+        for state in MEASUREMENT_PENDING:  # so a sum over an empty queue is 0, not "no data"
             if state not in seen:
                 family.add_metric([state, "", ""], 0.0)
         return family
@@ -132,7 +131,7 @@ class DatabaseCollector(Collector):
         family = GaugeMetricFamily("tuner_jobs", "Jobs per status", labels=["status"])
         counts = {status: count for status, count in session.execute(
             select(Job.status, func.count()).group_by(Job.status))}
-        for status in sorted(set(JOB_STATUSES) | set(counts)):
+        for status in sorted(set(JobStatus) | set(counts)):
             family.add_metric([status], float(counts.get(status, 0)))
         return family
 

@@ -18,7 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from schedule_templates.records import MeasureResult
+from schedule_templates.records import ErrorKind, MeasureResult
+from tuner_service.db.states import JobStatus, TaskStatus
 from tuner_service.db.types import bounded_utc
 from tuner_service.db.values import bounded_json, check_tree
 
@@ -108,13 +109,13 @@ class JobTaskPublic(BaseModel):
     trials_budget: int
     best_gflops: float | None
     best_latency_s: float | None
-    status: str
+    status: TaskStatus
     message: str = ""
 
 
 class JobSummary(BaseModel):
     job_id: int
-    status: str
+    status: JobStatus
     message: str = ""
     model_id: int | None
     target: str
@@ -154,7 +155,7 @@ class TaskConfigPublic(JobTaskPublic):
 class JobConfigs(BaseModel):
     job_id: int
     target: str
-    status: str
+    status: JobStatus
     #: the thread count the job measured at (``tuner build`` makes it the library's default)
     threads: int | None = None
     tasks: list[TaskConfigPublic]
@@ -166,7 +167,7 @@ class HistoryPoint(BaseModel):
     config_index: int
     gflops: float
     latency_s: float | None
-    error_kind: int | None
+    error_kind: ErrorKind | None
     error_message: str
     worker_id: int | None
     #: (slowest - fastest) / fastest sample; ``noisy``: the machine was not quiet
@@ -237,7 +238,7 @@ class TimingsIn(Body):
 class ResultIn(Body):
     measure_id: Id
     costs: list[float] = Field(default_factory=list, max_length=10_000)
-    error_kind: int = Field(default=0, ge=0, le=8)
+    error_kind: int = Field(default=ErrorKind.NONE, ge=min(ErrorKind), le=max(ErrorKind))
     error_message: str = Field(default="", max_length=20_000)
     compile_time_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
     wall_time_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)

@@ -16,9 +16,9 @@ from typing import Any
 
 from tuner_service.cli import tables
 from tuner_service.cli.models import add_input_shape_flag
+from tuner_service.db.states import JOB_FINAL, JobStatus
 from tuner_service.tuning.remote import (
     DEFAULT_SERVER,
-    FINAL,
     ClientError,
     JobProgress,
     ServiceClient,
@@ -26,7 +26,7 @@ from tuner_service.tuning.remote import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_SERVER", "FINAL", "ClientError", "ServiceClient", "resolve_server",
+__all__ = ["DEFAULT_SERVER", "ClientError", "ServiceClient", "resolve_server",
            "wait_for"]
 
 
@@ -66,14 +66,14 @@ def wait_for(client: ServiceClient, job_id: int, interval_s: float = 1.0) -> dic
         from rich.live import Live
 
         with Live(tables.rich_table(JobProgress.from_json(status)), refresh_per_second=4) as live:
-            while status["status"] not in FINAL:
+            while status["status"] not in JOB_FINAL:
                 time.sleep(interval_s)
                 status = client.job(job_id)
                 live.update(tables.rich_table(JobProgress.from_json(status)))
         return status
     last: tuple[int, str | None] | None = None
     printed = 0.0
-    while status["status"] not in FINAL:
+    while status["status"] not in JOB_FINAL:
         progress = JobProgress.from_json(status)
         seen = (progress.trials_done, progress.health)
         if last is None or (seen != last and time.monotonic() - printed >= 10):
@@ -124,7 +124,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"job {job_id}: {len(model['tasks'])} tasks submitted to {client.server}")
         if args.wait:
             status = wait_for(client, job_id)
-            return 0 if status["status"] == "done" else 1
+            return 0 if status["status"] == JobStatus.DONE else 1
         return 0
 
     return _with_client(args, action)

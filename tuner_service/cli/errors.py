@@ -51,14 +51,11 @@ def user_error(error: BaseException) -> str | None:
     if message is not None:
         return message
     from schedule_templates.errors import ScheduleError
+    from tuner_service.errors import TunerServiceError
     from workers.errors import WorkerError
 
     if isinstance(error, ScheduleError | WorkerError):
         return first_line(str(error))
-    try:  # the server's errors (tuner_service.db pulls in sqlalchemy: not on a worker install)
-        from tuner_service.db.errors import TunerServiceError
-    except ImportError:
-        return None
     if isinstance(error, TunerServiceError):
         cause = error.__cause__
         detail = f" ({first_line(getattr(cause, 'orig', None) or cause)})" if cause else ""

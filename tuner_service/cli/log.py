@@ -54,7 +54,8 @@ def _connection_flags(parser: argparse.ArgumentParser) -> None:
 
 def local_device_class(target: str = "llvm") -> str:
     """This machine's class for ``target`` (the GPU's for a CUDA target when one is readable)."""
-    from workers.hardware import accelerator_facts, device_class
+    from workers.backends import accelerator_facts
+    from workers.hardware import device_class
 
     facts: dict[str, Any] = {}
     if target.split()[0] == "cuda":

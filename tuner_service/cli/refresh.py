@@ -24,7 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tuner_service.cli.client import FINAL, ClientError, ServiceClient, resolve_server
+from tuner_service.cli.client import ClientError, ServiceClient, resolve_server
+from tuner_service.db.states import JOB_FINAL, JobStatus, TaskStatus
 
 #: the most workloads one job takes (the API's limit)
 MAX_WORKLOADS_PER_JOB = 10_000
@@ -60,7 +61,7 @@ def run_refresh(client: ServiceClient, args: argparse.Namespace) -> int:
             job["final"] = final.get(job["job_id"])
     if args.export:
         _export(client, Path(args.export), report, jobs, args)
-    unfinished = [j for j in jobs if (j.get("final") or {}).get("status") != "done"]
+    unfinished = [j for j in jobs if (j.get("final") or {}).get("status") != JobStatus.DONE]
     for job in unfinished:
         status = (job.get("final") or {}).get("status", "unknown")
         print(f"job {job['job_id']} ({job['target']}) ended {status}", file=sys.stderr)
@@ -118,20 +119,20 @@ def _wait(client: ServiceClient, job_ids: list[int], poll_s: float, timeout_s: f
     shown: dict[int, str] = {}
     while True:
         for job_id in job_ids:
-            if status.get(job_id, {}).get("status") in FINAL:
+            if status.get(job_id, {}).get("status") in JOB_FINAL:
                 continue
             status[job_id] = client.job(job_id)
             line = _progress_line(status[job_id])
             if shown.get(job_id) != line:
                 print(line, flush=True)
                 shown[job_id] = line
-        if all(status[j]["status"] in FINAL for j in job_ids):
+        if all(status[j]["status"] in JOB_FINAL for j in job_ids):
             return status
         if deadline is not None and time.monotonic() > deadline:
             break
         time.sleep(poll_s)
     for job_id in job_ids:
-        if status[job_id]["status"] not in FINAL:
+        if status[job_id]["status"] not in JOB_FINAL:
             print(f"job {job_id}: timed out after {timeout_s:g} s; cancelling", file=sys.stderr)
             status[job_id] = client.request("POST", f"/jobs/{job_id}/cancel")
     return status
@@ -141,7 +142,7 @@ def _progress_line(job: dict[str, Any]) -> str:
     tasks = job["tasks"]
     done = sum(t["trials_done"] for t in tasks)
     budget = sum(t["trials_budget"] for t in tasks)
-    finished = sum(t["status"] in ("done", "skipped", "failed") for t in tasks)
+    finished = sum(t["status"] in (TaskStatus.DONE, TaskStatus.SKIPPED) for t in tasks)
     return (f"job {job['job_id']} [{job['target']}] {job['status']}: {finished}/{len(tasks)} "
             f"tasks, {done}/{budget} trials")
 

@@ -31,9 +31,9 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Any:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from tuner_service.api import create_app
-    from tuner_service.db.errors import TunerServiceError
+    from tuner_service.app import create_app
     from tuner_service.db.migrate import check_schema
+    from tuner_service.errors import TunerServiceError
 
     settings = _settings(args, host=args.host, port=args.port)
     try:
@@ -72,7 +72,7 @@ def _db_current(args: argparse.Namespace) -> int:
 def _token_create(args: argparse.Namespace) -> int:
     from tuner_service import auth
     from tuner_service.db.engine import Database
-    from tuner_service.db.errors import TunerServiceError
+    from tuner_service.errors import TunerServiceError
 
     db = Database(_settings(args).resolved_database_url)
     try:
@@ -135,6 +135,7 @@ def _run_job(args: argparse.Namespace, url: str, token: str, model: tuple[bytes,
              threads: int) -> int:
     """Upload the model and tune it, showing progress (with --no-wait: submit only)."""
     from tuner_service.cli.client import ClientError, ServiceClient, wait_for
+    from tuner_service.db.states import JobStatus
 
     client = ServiceClient(url, token)
     try:
@@ -152,7 +153,7 @@ def _run_job(args: argparse.Namespace, url: str, token: str, model: tuple[bytes,
         return 1
     finally:
         client.close()
-    return 0 if final["status"] == "done" else 1
+    return 0 if final["status"] == JobStatus.DONE else 1
 
 
 def _serve_forever() -> None:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner_service.errors import TunerServiceError
 
-class CostModelError(Exception):
+
+class CostModelError(TunerServiceError):
     """Root of the errors the cost model package raises on purpose."""
 
 

@@ -16,6 +16,7 @@ from schedule_templates.errors import ScheduleError
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task, TuningLogEntry
+from tuner_service.db.states import MEASUREMENT_PENDING, MeasurementState, TaskStatus
 from tuner_service.jobs import log
 from tuner_service.jobs.health import job_health
 from tuner_service.jobs.timings import timing_medians
@@ -25,7 +26,6 @@ from tuner_service.jobs.views import iso, job_summary
 POINT_FIELDS = ("id", "task_id", "latency_s", "error_kind", "finished_at", "config_index")
 MAX_POINTS = 20_000  # per answer; the client asks again from the cursor it gets back
 ERROR_TEXT = 300  # characters of an error message sent with a point
-PENDING = ("queued", "leased")
 #: workers' throughput is counted over the last RATE_WINDOW_S, error rates over ERROR_WINDOW_S
 RATE_WINDOW_S = 300.0
 ERROR_WINDOW_S = 3600.0
@@ -49,7 +49,7 @@ def server_time(session: Session) -> str | None:
 def jobs_overview(session: Session, limit: int) -> list[dict[str, Any]]:
     """The newest jobs with their model name, progress and current end-to-end estimate."""
     recent = select(Job.id).order_by(Job.id.desc()).limit(limit).scalar_subquery()
-    tunable = JobTask.status != "skipped"
+    tunable = JobTask.status != TaskStatus.SKIPPED
     progress = (
         select(
             JobTask.job_id,
@@ -139,13 +139,13 @@ def job_points(session: Session, job_id: int, since_id: int
     # then stays above the cursor and is sent next time.
     pending_min = session.scalar(
         select(func.min(Measurement.id)).join(JobTask, JobTask.id == Measurement.job_task_id)
-        .where(in_job, Measurement.state.in_(PENDING), Measurement.id > since_id))
+        .where(in_job, Measurement.state.in_(MEASUREMENT_PENDING), Measurement.id > since_id))
     rows = session.execute(
         select(Measurement.id, JobTask.task_id, Measurement.mean_cost, Measurement.error_kind,
                Measurement.finished_at, Measurement.config_index,
                func.substr(Measurement.error_message, 1, ERROR_TEXT))
         .join(JobTask, JobTask.id == Measurement.job_task_id)
-        .where(in_job, Measurement.state == "done", Measurement.id > since_id)
+        .where(in_job, Measurement.state == MeasurementState.DONE, Measurement.id > since_id)
         .order_by(Measurement.id)
         .limit(MAX_POINTS + 1)
     ).all()
@@ -182,7 +182,7 @@ def worker_stats(session: Session, heartbeat_s: float) -> list[dict[str, Any]]:
     rows = session.execute(
         select(Measurement.worker_id, Measurement.error_kind, func.count(),
                func.sum(case((recent, 1), else_=0)))
-        .where(Measurement.worker_id.is_not(None), Measurement.state == "done",
+        .where(Measurement.worker_id.is_not(None), Measurement.state == MeasurementState.DONE,
                Measurement.finished_at >= utcnow_plus(-ERROR_WINDOW_S))
         .group_by(Measurement.worker_id, Measurement.error_kind)
     ).all()

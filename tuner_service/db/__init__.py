@@ -1,6 +1,5 @@
-"""Database layer: tables, engine and session scope, migrations, errors."""
+"""Database layer: tables, engine and session scope, migrations, states.
 
-from tuner_service.db.engine import Database, make_engine, normalize_url
-from tuner_service.db.errors import TunerServiceError
-
-__all__ = ["Database", "TunerServiceError", "make_engine", "normalize_url"]
+Nothing is imported here, so a client that needs only the states (``db.states``) does not load
+SQLAlchemy.
+"""

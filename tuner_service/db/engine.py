@@ -34,13 +34,8 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner_service.db.errors import (
-    ConflictError,
-    DatabaseBusyError,
-    DatabaseError,
-    InvalidInputError,
-    TunerServiceError,
-)
+from tuner_service.db.errors import DatabaseBusyError, DatabaseError
+from tuner_service.errors import ConflictError, InvalidInputError, TunerServiceError
 
 T = TypeVar("T")
 #: PostgreSQL SQLSTATEs of transactions that are safe to run again: deadlock, serialization

@@ -24,7 +24,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from tuner_service.db.types import UtcDateTime
+from schedule_templates.records import ErrorKind
+from tuner_service.db.states import JobStatus, MeasurementState, TaskStatus
+from tuner_service.db.types import StoredEnum, UtcDateTime
 
 NOW = text("CURRENT_TIMESTAMP")
 Timestamp = UtcDateTime()
@@ -70,7 +72,8 @@ class Job(Base):
     tuner: Mapped[str] = mapped_column(String(64))
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     threads: Mapped[int | None] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[JobStatus] = mapped_column(StoredEnum(JobStatus, String(16)),
+                                              default=JobStatus.QUEUED, index=True)
     message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=NOW)
     started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
@@ -95,7 +98,8 @@ class JobTask(Base):
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_measurement_id: Mapped[int | None] = mapped_column(Integer)
     best_cost: Mapped[float | None] = mapped_column(Float)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[TaskStatus] = mapped_column(StoredEnum(TaskStatus, String(16)),
+                                               default=TaskStatus.QUEUED)
     message: Mapped[str] = mapped_column(Text, default="")
 
 
@@ -123,13 +127,14 @@ class Measurement(Base):
     workload_key: Mapped[str] = mapped_column(String(512))
     target: Mapped[str] = mapped_column(String(255))
     device_key: Mapped[str | None] = mapped_column(String(255))
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[MeasurementState] = mapped_column(StoredEnum(MeasurementState, String(16)),
+                                                    default=MeasurementState.QUEUED)
     lease_owner: Mapped[int | None] = mapped_column(Integer)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     costs: Mapped[list[Any] | None] = mapped_column(JSON)
     mean_cost: Mapped[float | None] = mapped_column(Float)
-    error_kind: Mapped[int | None] = mapped_column(Integer)
+    error_kind: Mapped[ErrorKind | None] = mapped_column(StoredEnum(ErrorKind, Integer()))
     error_message: Mapped[str] = mapped_column(Text, default="")
     compile_time_s: Mapped[float | None] = mapped_column(Float)
     wall_time_s: Mapped[float | None] = mapped_column(Float)

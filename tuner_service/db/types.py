@@ -1,4 +1,5 @@
-"""Column types. ``UtcDateTime``: timestamps are UTC and time-zone-aware on every database.
+"""Column types. ``UtcDateTime``: timestamps are UTC and time-zone-aware on every database;
+``StoredEnum``: states and error kinds as enum members, stored as their values.
 
 SQLite has no time-zone type: SQLAlchemy stores a datetime there as text and silently drops any
 offset, so ``12:00+14:00`` would read back as ``12:00`` UTC. This type converts every value to
@@ -9,11 +10,14 @@ column DDL is unchanged (``DateTime(timezone=True)``), so no migration is needed
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import enum
+from typing import Any, TypeVar
 
-from sqlalchemy import DateTime
+from sqlalchemy import DateTime, String
 from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+E = TypeVar("E", bound=enum.Enum)
 
 #: timestamps every database and client can hold (PostgreSQL and Python part ways at the edges
 #: of year 1 and 9999, and an offset can push a value past them)
@@ -55,3 +59,23 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         return as_utc(value)
+
+
+class StoredEnum(TypeDecorator[E]):
+    """An enum member stored as its value in the column type ``impl`` (``String(16)`` for a
+    state, ``Integer`` for an error kind), so typing a column needs no migration. Members read
+    back; writes take a member or its value, and anything else raises ValueError."""
+
+    impl: TypeEngine[Any] | type[TypeEngine[Any]] = String
+    cache_ok = True
+
+    def __init__(self, enum_class: type[E], impl: TypeEngine[Any]) -> None:
+        super().__init__()
+        self.enum_class = enum_class
+        self.impl = impl
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else self.enum_class(value).value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum_class(value)

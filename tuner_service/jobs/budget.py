@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from schedule_templates.workloads import Workload
-from tuner_service.db.errors import InvalidInputError
+from tuner_service.errors import InvalidInputError
+from tuner_service.settings import Settings
 
 #: bytes per element: every tuned workload is fp32 (int8 and bf16 arrive as their own keys)
 ELEMENT_BYTES = 4
@@ -33,6 +34,18 @@ class ResourceBudget:
     max_min_repeat_ms: float = 10_000.0
     max_build_timeout_s: float = 300.0
     max_run_timeout_s: float = 120.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ResourceBudget:
+        """The deployment's budget (settings ``TUNER_BUDGET_*``)."""
+        return cls(
+            max_tensor_bytes=settings.budget_max_tensor_bytes,
+            max_candidate_flops=settings.budget_max_candidate_flops,
+            max_number=settings.budget_max_number, max_repeat=settings.budget_max_repeat,
+            max_min_repeat_ms=settings.budget_max_min_repeat_ms,
+            max_build_timeout_s=settings.budget_max_build_timeout_s,
+            max_run_timeout_s=settings.budget_max_run_timeout_s,
+        )
 
     def check_workloads(self, workloads: Iterable[tuple[str, Workload]]) -> None:
         """Raise InvalidInputError for the first workload over a limit (``where`` names it)."""

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
 from tuner_service.db.models import JobTask, Measurement, TuningLogEntry
+from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.device import class_columns
 from tuner_service.jobs.results import CONFIRM, measurement_result, update_tuning_log
 
@@ -60,8 +61,8 @@ def start(session: Session, task: Any, target: str, device_key: str | None,
         uid=uuid.uuid4().hex, job_task_id=task.job_task_id, config_index=index,
         config=task.space.get(index).to_json(), template=task.template.name,
         template_version=int(task.template.version), workload_key=task.workload_key,
-        target=target, device_key=device_key, state="queued", attempts=0, error_message="",
-        purpose=CONFIRM,
+        target=target, device_key=device_key, state=MeasurementState.QUEUED, attempts=0,
+        error_message="",        purpose=CONFIRM,
     ) for _round in range(policy.rounds) for index in configs]
     session.add_all(rows)
     session.flush()
@@ -78,7 +79,7 @@ def candidates(session: Session, job_task_id: int, top: int, seeds: Sequence[int
     ok = session.execute(
         select(Measurement.config_index, best)
         .where(Measurement.job_task_id == job_task_id, Measurement.purpose != CONFIRM,
-               Measurement.state == "done", Measurement.mean_cost.is_not(None))
+               Measurement.state == MeasurementState.DONE, Measurement.mean_cost.is_not(None))
         .group_by(Measurement.config_index).order_by(best, Measurement.config_index)
     ).all()
     chosen = [int(index) for index, _cost in ok[:max(0, top)]]
@@ -93,7 +94,7 @@ def finish(session: Session, task: Any, job_id: int) -> str:
     for the task's message ("" when there is nothing to say)."""
     rows = session.scalars(select(Measurement).where(
         Measurement.job_task_id == task.job_task_id, Measurement.purpose == CONFIRM,
-        Measurement.state == "done", Measurement.mean_cost.is_not(None))).all()
+        Measurement.state == MeasurementState.DONE, Measurement.mean_cost.is_not(None))).all()
     groups: dict[tuple[str | None, int | None], list[Measurement]] = defaultdict(list)
     for row in rows:
         groups[(row.device_class, row.threads)].append(row)
@@ -180,7 +181,7 @@ def _stored_config(session: Session, m: Measurement, task: Any) -> int | None:
 def _store_unconfirmed(session: Session, job_task_id: int, job_id: int) -> None:
     best = session.scalar(
         select(Measurement).where(Measurement.job_task_id == job_task_id,
-                                  Measurement.state == "done",
+                                  Measurement.state == MeasurementState.DONE,
                                   Measurement.mean_cost.is_not(None))
         .order_by(Measurement.mean_cost, Measurement.id).limit(1))
     if best is not None:

@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import Workload, parse_workload
 from tuner_service.db.clock import utcnow
-from tuner_service.db.errors import InvalidInputError, NotFoundError
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task
+from tuner_service.db.states import JOB_FINAL, JobStatus, MeasurementState, TaskStatus
+from tuner_service.errors import InvalidInputError, NotFoundError
 from tuner_service.jobs.budget import ResourceBudget
 from tuner_service.jobs.templates import template_for
 
@@ -47,7 +48,7 @@ def create_job(session: Session, spec: JobSpec, budget: ResourceBudget | None = 
         budget.check_workloads(_parsed(tasks))
     job = Job(model_id=spec.model_id, target=spec.target, device_key=spec.device_key,
               trials_per_task=spec.trials_per_task, tuner=spec.tuner, options=spec.options,
-              threads=spec.threads, status="queued", message="",
+              threads=spec.threads, status=JobStatus.QUEUED, message="",
               owner_token_id=spec.owner_token_id)
     session.add(job)
     session.flush()
@@ -58,7 +59,7 @@ def create_job(session: Session, spec: JobSpec, budget: ResourceBudget | None = 
             job_id=job.id, task_id=task.id, trials_budget=spec.trials_per_task if template else 0,
             template=template.name if template else None,
             template_version=int(template.version) if template else None, trials_done=0,
-            status="queued" if template else "skipped",
+            status=TaskStatus.QUEUED if template else TaskStatus.SKIPPED,
             message="" if template else f"no template for {task.op} on {spec.target}",
         ))
         tunable += template is not None
@@ -121,13 +122,15 @@ def cancel_job(session: Session, job: Job) -> None:
     # Lock the row first: a driver step in flight finishes (and commits its new candidates)
     # before the queued ones are withdrawn.
     session.refresh(job, with_for_update=True)
-    if job.status in ("done", "failed", "cancelled"):
+    if job.status in JOB_FINAL:
         return
     task_ids = select(JobTask.id).where(JobTask.job_id == job.id).scalar_subquery()
     session.execute(update(Measurement)
-                    .where(Measurement.job_task_id.in_(task_ids), Measurement.state == "queued")
-                    .values(state="cancelled").execution_options(synchronize_session=False))
-    job.status = "cancelled"
+                    .where(Measurement.job_task_id.in_(task_ids),
+                           Measurement.state == MeasurementState.QUEUED)
+                    .values(state=MeasurementState.CANCELLED)
+                    .execution_options(synchronize_session=False))
+    job.status = JobStatus.CANCELLED
     job.finished_at = utcnow()
     job.driver_owner = None
 

@@ -24,8 +24,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from schedule_templates.workloads import parse_workload
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.models import TuningLogEntry, Worker
+from tuner_service.errors import InvalidInputError
 from workers.device_class import UNKNOWN, DeviceClass, DeviceClassError
 
 

@@ -27,8 +27,10 @@ from sqlalchemy.orm import Session
 from schedule_templates.errors import ScheduleError
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
-from tuner_service.db.errors import DatabaseError, TunerServiceError
+from tuner_service.db.errors import DatabaseError
 from tuner_service.db.models import Job
+from tuner_service.db.states import JOB_ACTIVE, JobStatus, MeasurementState
+from tuner_service.errors import TunerServiceError
 from tuner_service.jobs.confirm import ConfirmPolicy
 from tuner_service.jobs.queue import live_workers, requeue_expired
 from tuner_service.jobs.run import JobRun, Observed
@@ -37,7 +39,6 @@ from tuner_service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-ACTIVE = ("queued", "running")
 #: seconds of model refits one job's step may spend; the rest wait for the next step
 LEARN_BUDGET_S = 0.5
 #: most candidates one job's step queues: a step stays short, so the next one (which reads
@@ -123,14 +124,14 @@ class JobDriver:
                  Job.driver_expires_at < utcnow())
         with self.db.session() as session:
             owned = set(session.scalars(
-                update(Job).where(Job.status.in_(ACTIVE), or_(*lease))
+                update(Job).where(Job.status.in_(JOB_ACTIVE), or_(*lease))
                 .values(driver_owner=self.owner,
                         driver_expires_at=utcnow_plus(self.settings.driver_lease_s))
                 .returning(Job.id).execution_options(synchronize_session=False)
             ).all())
             if owned:
-                session.execute(update(Job).where(Job.id.in_(owned), Job.status == "queued")
-                                .values(status="running", started_at=utcnow())
+                session.execute(update(Job).where(Job.id.in_(owned), Job.status == JobStatus.QUEUED)
+                                .values(status=JobStatus.RUNNING, started_at=utcnow())
                                 .execution_options(synchronize_session=False))
         return owned
 
@@ -186,17 +187,18 @@ class JobDriver:
         settings = self.settings
         flight = run.in_flight(session)
         ahead = math.ceil(run.finish_rate * settings.queue_ahead_s)
-        demand = flight.get("leased", 0) + ahead if ahead else 0
+        demand = flight.get(MeasurementState.LEASED, 0) + ahead if ahead else 0
         if settings.queue_per_worker:
             live = live_workers(session, job.target, job.device_key, settings.lease_s)
             demand = max(demand, settings.queue_per_worker * live)
-        return Depth(max(settings.queue_depth, demand), demand, flight.get("queued", 0))
+        queued = flight.get(MeasurementState.QUEUED, 0)
+        return Depth(max(settings.queue_depth, demand), demand, queued)
 
     def _locked_job(self, session: Session, job_id: int) -> Job | None:
         """The job if this driver still holds it. The row lock orders a driver write with a
         concurrent cancel (PostgreSQL; SQLite serializes writers anyway)."""
         job = session.get(Job, job_id, with_for_update=True)
-        if job is None or job.status not in ACTIVE or job.driver_owner != self.owner:
+        if job is None or job.status not in JOB_ACTIVE or job.driver_owner != self.owner:
             self._runs.pop(job_id, None)
             return None
         return job
@@ -206,7 +208,7 @@ class JobDriver:
         self._runs.pop(job_id, None)
         with self.db.session() as session:
             session.execute(update(Job).where(Job.id == job_id).values(
-                status="failed", message=message[:2000], finished_at=utcnow(),
+                status=JobStatus.FAILED, message=message[:2000], finished_at=utcnow(),
                 driver_owner=None, driver_expires_at=None))
 
     def _release_all(self) -> None:

@@ -12,7 +12,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from schedule_templates.records import ErrorKind
 from tuner_service.db.models import Job, JobTask, Measurement
+from tuner_service.db.states import JOB_ACTIVE, MeasurementState
 from tuner_service.jobs.queue import live_workers
 
 #: a worker seen within this many seconds counts as online (six default heartbeat periods: an
@@ -21,16 +23,19 @@ ONLINE_WINDOW_S = 60.0
 #: this many failures in a row, with no success, make "all results failing"
 FAILING_AFTER = 8
 
-_ERROR_NAMES = {1: "invalid config", 2: "host compile error", 3: "device compile error",
-                4: "runtime error", 5: "wrong answer", 6: "build timeout", 7: "run timeout",
-                8: "unknown error"}
+_ERROR_NAMES = {ErrorKind.INSTANTIATION: "invalid config",
+                ErrorKind.COMPILE_HOST: "host compile error",
+                ErrorKind.COMPILE_DEVICE: "device compile error",
+                ErrorKind.RUNTIME: "runtime error", ErrorKind.WRONG_ANSWER: "wrong answer",
+                ErrorKind.BUILD_TIMEOUT: "build timeout", ErrorKind.RUN_TIMEOUT: "run timeout",
+                ErrorKind.UNKNOWN: "unknown error"}
 
 
 def job_health(session: Session, job: Job, window_s: float = ONLINE_WINDOW_S
                ) -> dict[str, Any] | None:
     """``{"state": "no_workers" | "failing", "message": ...}`` for a stuck active job, else
     None (finished jobs and healthy ones)."""
-    if job.status not in ("queued", "running"):
+    if job.status not in JOB_ACTIVE:
         return None
     if live_workers(session, job.target, job.device_key, window_s) == 0:
         device = f" and device key {job.device_key!r}" if job.device_key else ""
@@ -41,12 +46,12 @@ def job_health(session: Session, job: Job, window_s: float = ONLINE_WINDOW_S
     recent = session.execute(
         select(Measurement.error_kind, Measurement.error_message)
         .join(JobTask, JobTask.id == Measurement.job_task_id)
-        .where(JobTask.job_id == job.id, Measurement.state == "done")
+        .where(JobTask.job_id == job.id, Measurement.state == MeasurementState.DONE)
         .order_by(Measurement.id.desc()).limit(FAILING_AFTER)
     ).all()
     if len(recent) < FAILING_AFTER or any(not kind for kind, _ in recent):
         return None
-    kinds = collections.Counter(int(kind or 0) for kind, _ in recent)
+    kinds = collections.Counter(kind or ErrorKind.NONE for kind, _ in recent)
     kind = kinds.most_common(1)[0][0]
     example = next((msg for k, msg in recent if k == kind and msg), "")
     detail = f": {example.splitlines()[0][:200]}" if example else ""

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
-from tuner_service.db.errors import InvalidInputError, NotFoundError
 from tuner_service.db.models import TuningLogEntry, Worker
 from tuner_service.db.values import bounded_json
+from tuner_service.errors import InvalidInputError, NotFoundError
 from tuner_service.jobs import device
 from tuner_service.jobs.templates import template_for
 from tuner_service.jobs.views import iso

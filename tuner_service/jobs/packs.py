@@ -24,8 +24,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.models import TuningLogEntry
+from tuner_service.errors import InvalidInputError
 from tuner_service.jobs import device
 from tuner_service.jobs.log import entry_json
 from tuner_service.jobs.results import upsert_entry

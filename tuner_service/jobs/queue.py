@@ -18,6 +18,7 @@ from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, JobTask, Measurement, Worker
+from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.device import class_of_hardware
 from tuner_service.jobs.reports import Reported, store_reported
 from tuner_service.jobs.results import store_result
@@ -62,7 +63,7 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
     """
     pick = (
         select(Measurement.id)
-        .where(Measurement.state == "queued", Measurement.target == worker.target,
+        .where(Measurement.state == MeasurementState.QUEUED, Measurement.target == worker.target,
                or_(Measurement.device_key.is_(None), Measurement.device_key == worker.device_key))
         .order_by(Measurement.id)
         .limit(max_items)
@@ -76,8 +77,9 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
         where = Measurement.id.in_(pick.scalar_subquery())  # SQLite writers are serialized
     stmt = (
         update(Measurement)
-        .where(where, Measurement.state == "queued")
-        .values(state="leased", lease_owner=worker.id, lease_expires_at=utcnow_plus(lease_s),
+        .where(where, Measurement.state == MeasurementState.QUEUED)
+        .values(state=MeasurementState.LEASED, lease_owner=worker.id,
+                lease_expires_at=utcnow_plus(lease_s),
                 claimed_at=utcnow(), attempts=Measurement.attempts + 1)
         .returning(Measurement.id)
         .execution_options(synchronize_session=False)
@@ -122,7 +124,7 @@ def heartbeat(session: Session, worker_id: int, ids: Sequence[int], lease_s: flo
     touch_worker(session, worker_id)
     extended = set(session.scalars(
         update(Measurement)
-        .where(Measurement.id.in_(list(ids)), Measurement.state == "leased",
+        .where(Measurement.id.in_(list(ids)), Measurement.state == MeasurementState.LEASED,
                Measurement.lease_owner == worker_id)
         .values(lease_expires_at=utcnow_plus(lease_s))
         .returning(Measurement.id)
@@ -136,9 +138,9 @@ def release(session: Session, worker_id: int, ids: Sequence[int]) -> list[int]:
     touch_worker(session, worker_id)
     return sorted(session.scalars(
         update(Measurement)
-        .where(Measurement.id.in_(list(ids)), Measurement.state == "leased",
+        .where(Measurement.id.in_(list(ids)), Measurement.state == MeasurementState.LEASED,
                Measurement.lease_owner == worker_id)
-        .values(state="queued", lease_owner=None, lease_expires_at=None,
+        .values(state=MeasurementState.QUEUED, lease_owner=None, lease_expires_at=None,
                 attempts=Measurement.attempts - 1)
         .returning(Measurement.id)
         .execution_options(synchronize_session=False)
@@ -149,7 +151,8 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
     """Expired leases go back to ``queued``; after ``max_attempts`` claims an item is recorded
     as a run timeout so a candidate that kills workers cannot loop forever.
     Returns (requeued, given up)."""
-    expired = (Measurement.state == "leased", Measurement.lease_expires_at < utcnow())
+    expired = (Measurement.state == MeasurementState.LEASED,
+               Measurement.lease_expires_at < utcnow())
     poisoned = session.scalars(
         select(Measurement.id).where(*expired, Measurement.attempts >= max_attempts)
     ).all()
@@ -158,7 +161,7 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
             ErrorKind.RUN_TIMEOUT, f"lease expired {max_attempts} times; giving up"))
     requeued = session.scalars(
         update(Measurement).where(*expired)
-        .values(state="queued", lease_owner=None, lease_expires_at=None)
+        .values(state=MeasurementState.QUEUED, lease_owner=None, lease_expires_at=None)
         .returning(Measurement.id)
         .execution_options(synchronize_session=False)
     ).all()

@@ -20,10 +20,11 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
 from schedule_templates.records import ErrorKind, MeasureResult
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.models import Measurement
+from tuner_service.db.states import MeasurementState
 from tuner_service.db.types import bounded_utc
 from tuner_service.db.values import check_tree
+from tuner_service.errors import InvalidInputError
 from tuner_service.jobs.results import measurement_result, update_tuning_log
 from tuner_service.jobs.templates import SpaceCache
 from tuner_service.jobs.views import iso
@@ -50,7 +51,7 @@ def export_record(m: Measurement) -> dict[str, Any]:
 
 def export_lines(session: Session, workload: str | None, target: str | None,
                  since: dt.datetime | None) -> Iterator[str]:
-    query = select(Measurement).where(Measurement.state == "done")
+    query = select(Measurement).where(Measurement.state == MeasurementState.DONE)
     if workload:
         query = query.where(Measurement.workload_key == workload)
     if target:
@@ -105,7 +106,7 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
         template=template, template_version=version,
         workload_key=spaces.get(template, workload)[1].key, target=_text(record, "target", 255),
         device_key=_text(record, "device_key", 255) if record.get("device_key") else None,
-        state="done", attempts=0,
+        state=MeasurementState.DONE, attempts=0,
         costs=list(result.costs), mean_cost=result.mean_cost if result.ok else None,
         error_kind=int(result.error), error_message=result.error_message.replace("\x00", ""),
         compile_time_s=result.compile_time_s, wall_time_s=result.wall_time_s,

@@ -27,6 +27,7 @@ from schedule_templates.records import MeasureResult
 from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import JobTask, Measurement
+from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.results import (
     CONFIRM,
     STORED_RESULTS_INFO,
@@ -57,7 +58,7 @@ class _Row:
     """What the report needs to know of one stored measurement."""
 
     id: int
-    state: str
+    state: MeasurementState
     lease_owner: int | None
     live: bool
     device_key: str | None
@@ -109,10 +110,10 @@ def _lock_rows(session: Session, ids: list[int]) -> dict[int, _Row]:
 def _judge(row: _Row | None, worker_id: int, device_key: str) -> tuple[str, str]:
     if row is None:
         return "unknown", "unknown measure_id"
-    mine = row.state == "leased" and row.lease_owner == worker_id
+    mine = row.state == MeasurementState.LEASED and row.lease_owner == worker_id
     if mine and row.live and row.device_key in (None, device_key):
         return "accepted", ""
-    if row.state == "done" and row.worker_id == worker_id:
+    if row.state == MeasurementState.DONE and row.worker_id == worker_id:
         return "duplicate", ""
     if mine and not row.live:
         return "expired", EXPIRED
@@ -126,10 +127,11 @@ def _finish(session: Session, worker_id: int, accepted: Sequence[Reported]) -> N
                "wall_time_s", "peak_gflops", "device_class", "threads", "noisy", "load",
                "timings")
     stmt = (update(table)
-            .where(table.c.id == bindparam("m_id"), table.c.state == "leased",
+            .where(table.c.id == bindparam("m_id"), table.c.state == MeasurementState.LEASED,
                    table.c.lease_owner == worker_id)
-            .values(state="done", worker_id=worker_id, finished_at=utcnow(), lease_owner=None,
-                    lease_expires_at=None, **{c: bindparam(f"m_{c}") for c in columns}))
+            .values(state=MeasurementState.DONE, worker_id=worker_id, finished_at=utcnow(),
+                    lease_owner=None, lease_expires_at=None,
+                    **{c: bindparam(f"m_{c}") for c in columns}))
     params = []
     for item in accepted:
         result, ok = item.result, item.result.ok

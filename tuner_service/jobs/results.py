@@ -13,11 +13,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import InvalidWorkloadError
-from schedule_templates.records import MeasureResult
+from schedule_templates.records import ErrorKind, MeasureResult
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.errors import DatabaseError
 from tuner_service.db.models import JobTask, Measurement, TuningLogEntry
+from tuner_service.db.states import MEASUREMENT_PENDING, MeasurementState
 from tuner_service.jobs import device
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
     """
     device = device or Measured()
     values: dict[str, Any] = {
-        "state": "done",
+        "state": MeasurementState.DONE,
         "costs": list(result.costs),
         "mean_cost": result.mean_cost if result.ok else None,
         "error_kind": int(result.error),
@@ -87,9 +88,10 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
         "noisy": result.noisy if result.ok else None,
         "load": result.load,
     }
-    guard = [Measurement.id == measure_id, Measurement.state.in_(("queued", "leased"))]
+    guard = [Measurement.id == measure_id, Measurement.state.in_(MEASUREMENT_PENDING)]
     if lease is not None:
-        guard += [Measurement.state == "leased", Measurement.lease_owner == lease.worker_id,
+        guard += [Measurement.state == MeasurementState.LEASED,
+                  Measurement.lease_owner == lease.worker_id,
                   Measurement.lease_expires_at >= utcnow(),
                   or_(Measurement.device_key.is_(None),
                       Measurement.device_key == lease.device_key)]
@@ -106,7 +108,8 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
                                 .where(Measurement.id == measure_id)).first()
         if found is None:
             return Outcome.UNKNOWN
-        if lease is None or (found.state == "done" and found.worker_id == lease.worker_id):
+        if lease is None or (found.state == MeasurementState.DONE
+                             and found.worker_id == lease.worker_id):
             return Outcome.DUPLICATE  # finished before (by this worker, when one is named)
         return Outcome.NOT_LEASED
     session.info.setdefault(STORED_RESULTS_INFO, []).append(int(result.error))
@@ -191,7 +194,7 @@ def upsert_entry(session: Session, entry: dict[str, Any], force: bool = False) -
 
 def measurement_result(m: Measurement) -> MeasureResult:
     return MeasureResult.from_json({
-        "costs": m.costs or [], "error_kind": m.error_kind or 0,
+        "costs": m.costs or [], "error_kind": m.error_kind or ErrorKind.NONE,
         "error_message": m.error_message, "compile_time_s": m.compile_time_s or 0.0,
         "wall_time_s": m.wall_time_s or 0.0, "noisy": bool(m.noisy), "load": m.load,
     })

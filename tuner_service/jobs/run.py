@@ -31,6 +31,7 @@ from schedule_templates.workloads import parse_workload
 from tuner_service.db.bulk import ids_in, insert_rows
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import Job, JobTask, Measurement, Task, Worker
+from tuner_service.db.states import MEASUREMENT_PENDING, JobStatus, MeasurementState, TaskStatus
 from tuner_service.jobs import confirm
 from tuner_service.jobs.confirm import ConfirmPolicy
 from tuner_service.jobs.device import DeviceQuery
@@ -43,7 +44,6 @@ from tuner_service.tuners import TRANSFER_TUNERS, Tuner, make_tuner
 
 logger = logging.getLogger(__name__)
 
-PENDING = ("queued", "leased")
 #: what ``observe`` reads of a finished candidate: enough to tell its tuner, no ORM objects
 RESULT_COLUMNS = (Measurement.id, Measurement.state, Measurement.job_task_id,
                   Measurement.config_index, Measurement.costs, Measurement.error_kind,
@@ -133,13 +133,13 @@ class JobRun:
         by_id = {mid: t for t in self.tasks for mid in t.pending}
         done = session.execute(
             select(*RESULT_COLUMNS).where(ids_in(session, Measurement.id, list(by_id)),
-                                          Measurement.state.not_in(PENDING))
+                                          Measurement.state.not_in(MEASUREMENT_PENDING))
             .order_by(Measurement.id)
         ).all() if by_id else []
         grouped: dict[int, list[Any]] = defaultdict(list)
         for m in done:
             by_id[m.id].pending.discard(m.id)
-            if m.state == "done":
+            if m.state == MeasurementState.DONE:
                 grouped[m.job_task_id or 0].append(m)
         self._count_finished(len(done))
         observed += [_observation(task, grouped[task.job_task_id]) for task in self.tasks
@@ -157,7 +157,8 @@ class JobRun:
         if not confirming:
             return
         for measure_id in session.scalars(select(Measurement.id).where(
-                Measurement.id.in_(list(confirming)), Measurement.state.not_in(PENDING))):
+                Measurement.id.in_(list(confirming)),
+                Measurement.state.not_in(MEASUREMENT_PENDING))):
             confirming[measure_id].confirming.discard(measure_id)
 
     def _count_finished(self, count: int, horizon_s: float = 2.0) -> None:
@@ -239,8 +240,8 @@ class JobRun:
                 task.pending.add(measure_id)
             started = sorted({task.job_task_id for task, _indices in proposals})
             session.execute(update(JobTask).where(JobTask.id.in_(started),
-                                                  JobTask.status == "queued")
-                            .values(status="running")
+                                                  JobTask.status == TaskStatus.QUEUED)
+                            .values(status=TaskStatus.RUNNING)
                             .execution_options(synchronize_session=False))
         self._withdraw_stalled(session)
         return self._finish(session)
@@ -254,8 +255,8 @@ class JobRun:
         withdrawn = session.execute(
             update(Measurement)
             .where(Measurement.job_task_id.in_([t.job_task_id for t in stalled]),
-                   Measurement.state == "queued")
-            .values(state="cancelled")
+                   Measurement.state == MeasurementState.QUEUED)
+            .values(state=MeasurementState.CANCELLED)
             .returning(Measurement.id, Measurement.job_task_id)
             .execution_options(synchronize_session=False)).all()
         for task in stalled:
@@ -270,7 +271,7 @@ class JobRun:
         rows = session.execute(
             select(Measurement.state, func.count())
             .where(Measurement.job_task_id.in_([t.job_task_id for t in self.tasks]),
-                   Measurement.state.in_(PENDING))
+                   Measurement.state.in_(MEASUREMENT_PENDING))
             .group_by(Measurement.state)).all()
         return {str(state): int(count) for state, count in rows}
 
@@ -287,7 +288,7 @@ class JobRun:
             "uid": uuid.uuid4().hex, "job_task_id": task.job_task_id, "config_index": index,
             "config": task.space.get(index).to_json(), "template": task.template.name,
             "template_version": int(task.template.version), "workload_key": task.workload_key,
-            "target": self.target, "device_key": self.device_key, "state": "queued",
+            "target": self.target, "device_key": self.device_key, "state": MeasurementState.QUEUED,
             "attempts": 0, "error_message": "", "purpose": "tune",
         }
 
@@ -306,11 +307,11 @@ class JobRun:
                 task.finished = True
                 message = "; ".join(filter(None, (self._finish_message(task), note)))
                 session.execute(update(JobTask).where(JobTask.id == task.job_task_id)
-                                .values(status="done", message=message))
+                                .values(status=TaskStatus.DONE, message=message))
         if not all(t.finished for t in self.tasks):
             return False
         session.execute(update(Job).where(Job.id == self.job_id).values(
-            status="done", finished_at=utcnow(), driver_owner=None, driver_expires_at=None))
+            status=JobStatus.DONE, finished_at=utcnow(), driver_owner=None, driver_expires_at=None))
         logger.info("job %d done", self.job_id)
         return True
 
@@ -337,21 +338,21 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
     tuner = make_tuner(job.tuner, workload, space, seed=(job.id << 20) ^ jt.id,
                        template=template, transfer=transfer)
     task = TaskRun(jt.id, workload_key, template, space, tuner, budget=jt.trials_budget,
-                   done=jt.trials_done, finished=jt.status == "done")
+                   done=jt.trials_done, finished=jt.status == TaskStatus.DONE)
     rows = session.scalars(
         select(Measurement).where(Measurement.job_task_id == jt.id).order_by(Measurement.id)
     ).all()
     measured = [m for m in rows if m.purpose != CONFIRM]
     rechecks = [m for m in rows if m.purpose == CONFIRM]
     task.confirm_started = bool(rechecks)
-    task.confirming = {m.id for m in rechecks if m.state in PENDING}
+    task.confirming = {m.id for m in rechecks if m.state in MEASUREMENT_PENDING}
     task.seeds = seed_configs(session, template, workload, space, workload_key, job.target,
                               known)
-    pending = [m for m in measured if m.state in PENDING]
+    pending = [m for m in measured if m.state in MEASUREMENT_PENDING]
     task.pending = {m.id for m in pending}
     # in-flight and withdrawn configs must not be proposed again
-    tuner.visited.update(m.config_index for m in measured if m.state != "done")
-    return task, [m for m in measured if m.state == "done"]
+    tuner.visited.update(m.config_index for m in measured if m.state != MeasurementState.DONE)
+    return task, [m for m in measured if m.state == MeasurementState.DONE]
 
 
 def _reported_gpu(session: Session, job: Job) -> dict[str, Any] | None:

@@ -27,8 +27,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from schedule_templates.records import ErrorKind
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Measurement, TuningLogEntry, Worker
+from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.device import class_of_hardware
 from tuner_service.jobs.templates import template_for
 from workers.device_class import UNKNOWN
@@ -204,7 +206,8 @@ def _last_measured(session: Session, target: str | None
     device_class = func.coalesce(Measurement.device_class, UNKNOWN)
     query = (select(Measurement.workload_key, Measurement.target, device_class,
                     func.max(Measurement.finished_at))
-             .where(Measurement.state == "done", Measurement.error_kind == 0)
+             .where(Measurement.state == MeasurementState.DONE,
+                    Measurement.error_kind == ErrorKind.NONE)
              .group_by(Measurement.workload_key, Measurement.target, device_class))
     if target:
         query = query.where(Measurement.target == target)

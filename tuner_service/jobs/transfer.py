@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.records import ErrorKind, MeasureResult
 from tuner_service.db.models import Measurement
+from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.device import LEVELS, class_level
 from workers.device_class import DeviceClass
 
@@ -38,7 +39,7 @@ def transfer_records(session: Session, template: Any, target: str, exclude_job_t
                Measurement.error_kind, Measurement.device_class)
         .where(Measurement.template == template.name,
                Measurement.template_version == int(template.version),
-               Measurement.target == target, Measurement.state == "done",
+               Measurement.target == target, Measurement.state == MeasurementState.DONE,
                (Measurement.job_task_id.is_(None))
                | (Measurement.job_task_id != exclude_job_task))
         .order_by(Measurement.id.desc()).limit(limit)

@@ -21,8 +21,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tuner_service.db.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
 from tuner_service.db.models import Model, Task
+from tuner_service.errors import InvalidInputError, PayloadTooLargeError, UnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from schedule_templates.records import ErrorKind
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.models import Job, JobTask, Measurement, Task
+from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.health import job_health
 from tuner_service.jobs.results import measurement_result
 
@@ -102,7 +104,8 @@ def history(session: Session, job_id: int, task_id: int, after: int = 0) -> list
     if row is None:
         return []
     done = session.scalars(
-        select(Measurement).where(Measurement.job_task_id == row.id, Measurement.state == "done",
+        select(Measurement).where(Measurement.job_task_id == row.id,
+                                  Measurement.state == MeasurementState.DONE,
                                   Measurement.purpose != "confirm")  # re-measurements
         .order_by(Measurement.finished_at, Measurement.id)
     ).all()
@@ -110,7 +113,7 @@ def history(session: Session, job_id: int, task_id: int, after: int = 0) -> list
     for trial, m in enumerate(done, start=1):
         if trial <= after:
             continue
-        ok = m.error_kind == 0 and m.mean_cost
+        ok = m.error_kind is ErrorKind.NONE and m.mean_cost
         out.append({
             "trial": trial, "measure_id": m.id, "config_index": m.config_index,
             "gflops": row.flops / m.mean_cost / 1e9 if ok and m.mean_cost else 0.0,

@@ -97,7 +97,7 @@ def save_client_file(settings: Any, server_url: str, tokens: dict[str, str]) -> 
 def server_thread(settings: Any) -> Iterator[str]:
     import uvicorn
 
-    from tuner_service.api import create_app
+    from tuner_service.app import create_app
 
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level="warning")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner_service.db.states import JOB_ACTIVE, JobStatus
 from tuner_service.tuning.embedded import DEVICE_KEY, LocalWorkers, local_service
 from tuner_service.tuning.remote import ClientError, Job, JobProgress, ServiceClient
 
@@ -66,7 +67,7 @@ class TuneResult:
 
     @property
     def ok(self) -> bool:
-        return self.progress.status == "done"
+        return self.progress.status == JobStatus.DONE
 
 
 def read_model(model: str | Path | bytes) -> tuple[bytes, str]:
@@ -114,7 +115,8 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
         records = output / RECORDS_FILE
         lines = client.request("GET", "/records", params={"target": "llvm"})
         records.write_text(lines if isinstance(lines, str) else "")
-    pushed = _push(options.push, records) if options.push and final.status == "done" else None
+    finished = final.status == JobStatus.DONE
+    pushed = _push(options.push, records) if options.push and finished else None
     unsupported = tuple(f"{u['op']} ({u['node']}): {u['reason']}"
                         for u in uploaded.get("unsupported", []))
     return TuneResult(job_id, output, configs, records, final, origin, unsupported, pushed)
@@ -137,7 +139,7 @@ def _find_or_create(client: ServiceClient, model_id: int, options: TuneOptions
             if j["model_id"] == model_id and j["tuner"] == options.tuner
             and j["trials_per_task"] == options.trials_per_task and j["target"] == "llvm"
             and j["device_key"] == DEVICE_KEY]
-    for wanted, origin in ((("queued", "running"), "resumed"), (("done",), "reused")):
+    for wanted, origin in ((JOB_ACTIVE, "resumed"), ((JobStatus.DONE,), "reused")):
         match = [j for j in same if j["status"] in wanted]
         if match:
             logger.info("job %d: %s", match[0]["job_id"], origin)

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner_service.db.states import JOB_FINAL, TaskStatus
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
-FINAL = ("done", "failed", "cancelled")
 
 
 class ClientError(Exception):
@@ -50,7 +51,7 @@ class JobProgress:
 
     @property
     def finished(self) -> bool:
-        return self.status in FINAL
+        return self.status in JOB_FINAL
 
     @property
     def trials_done(self) -> int:
@@ -63,7 +64,7 @@ class JobProgress:
     @property
     def estimated_latency_s(self) -> float | None:
         """Sum of weight x best latency over tasks; None until every tunable task has one."""
-        tuned = [t for t in self.tasks if t.status != "skipped"]
+        tuned = [t for t in self.tasks if t.status != TaskStatus.SKIPPED]
         if not tuned or any(t.best_latency_s is None for t in tuned):
             return None
         return sum(t.weight * (t.best_latency_s or 0.0) for t in tuned)

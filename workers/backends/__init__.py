@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import types
 from collections.abc import Mapping
 from typing import Any
 
 from workers.backends.base import Backend, BoundKernel, Resolved, resolve
-from workers.errors import BackendError
+from workers.errors import BackendError, WorkerError
+
+logger = logging.getLogger(__name__)
 
 #: name -> (module, class, what to install when the import fails)
 BACKENDS: Mapping[str, tuple[str, str, str]] = types.MappingProxyType({
@@ -58,12 +61,27 @@ def create_backend(spec: BackendSpec) -> Backend:
         raise BackendError(f"backend {spec.name!r}: bad options {dict(spec.options)}: {e}") from e
 
 
+def accelerator_facts(name: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``{"gpu": {...}}`` (name, ``compute_capability`` and launch limits, the keys GPU
+    templates read as ``device``) for a GPU backend; {} for others or an unreadable GPU."""
+    if name != "cuda":
+        return {}
+    from workers.backends.cuda import gpu_facts  # imports pycuda: only for a GPU worker
+
+    try:
+        return {"gpu": gpu_facts(int((options or {}).get("device", 0)))}
+    except WorkerError as e:
+        logger.warning("cannot read the GPU's facts: %s", e)
+        return {}
+
+
 __all__ = [
     "BACKENDS",
     "Backend",
     "BackendSpec",
     "BoundKernel",
     "Resolved",
+    "accelerator_facts",
     "backend_class",
     "backend_names",
     "create_backend",

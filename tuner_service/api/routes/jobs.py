@@ -26,6 +26,7 @@ from tuner_service.api.schemas import (
     JobPublic,
 )
 from tuner_service.jobs import views
+from tuner_service.jobs.budget import ResourceBudget
 from tuner_service.jobs.create import JobSpec, cancel_job, create_job
 
 router = APIRouter(tags=["jobs"])
@@ -47,7 +48,7 @@ def post_job(
                  **body.options.model_dump(exclude_none=True)},
         owner_token_id=token.id,
     )
-    job = create_job(session, spec, settings.budget())
+    job = create_job(session, spec, ResourceBudget.from_settings(settings))
     if driver is not None:
         driver.wake()
     return JobCreated(job_id=job.id)

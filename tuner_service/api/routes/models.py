@@ -13,7 +13,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from tuner_service.api.deps import SessionDep, SettingsDep, UserToken
 from tuner_service.api.schemas import ModelPublic
-from tuner_service.db.errors import InvalidInputError, PayloadTooLargeError
+from tuner_service.errors import InvalidInputError, PayloadTooLargeError
 from tuner_service.jobs.uploads import UploadLimits, store_model
 
 router = APIRouter(tags=["models"])

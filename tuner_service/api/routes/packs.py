@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from tuner_service.api.deps import DbDep, Reader, SessionDep, SettingsDep, UserToken
 from tuner_service.api.routes.shared import _read_body
 from tuner_service.api.schemas import PackImported, PackPublic
-from tuner_service.db.errors import InvalidInputError
 from tuner_service.db.values import check_tree
+from tuner_service.errors import InvalidInputError
 from tuner_service.jobs import packs
 
 router = APIRouter(tags=["tuning log"])

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tuner_service.api.deps import DbDep, Reader, SessionDep, SettingsDep, UserReader, UserToken
 from tuner_service.api.schemas import Health, ImportAnswer, Timestamp, TuningLogPublic
-from tuner_service.db.errors import PayloadTooLargeError, TunerServiceError
+from tuner_service.errors import PayloadTooLargeError, TunerServiceError
 from tuner_service.jobs import log, records
 
 router = APIRouter(tags=["tuning log"])

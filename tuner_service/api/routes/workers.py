@@ -31,7 +31,7 @@ from tuner_service.api.schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
-from tuner_service.db.errors import ForbiddenError
+from tuner_service.errors import ForbiddenError
 from tuner_service.jobs import log, queue
 from tuner_service.jobs.reports import Reported
 from tuner_service.jobs.results import Measured

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from schedule_templates.errors import ScheduleError
+from schedule_templates.records import ErrorKind
 from schedule_templates.space import Config
 from schedule_templates.templates.base import Template, target_kind
 from schedule_templates.workloads import Workload, parse_workload
@@ -199,13 +200,13 @@ def _from_lines(records: list[Any], where: Path) -> list[TunedEntry]:
         if "input" in record:  # AutoTVM style: [target, template, [key], {}]
             target, template, args = record["input"][0], record["input"][1], record["input"][2]
             costs, error = record["result"][0], record["result"][1]
-            if error == 0 and costs:
+            if error == ErrorKind.NONE and costs:
                 out.append(_entry(args[0], template, None, record["config"],
                                   sum(costs) / len(costs), str(target), str(where)))
             continue
         result = record.get("result") or {}
         costs = result.get("costs") or []
-        if result.get("error_kind", 0) == 0 and costs:
+        if result.get("error_kind", ErrorKind.NONE) == ErrorKind.NONE and costs:
             out.append(_entry(record["workload"], record.get("template"),
                               record.get("template_version"), record["config"],
                               sum(costs) / len(costs), str(record.get("target") or ""),

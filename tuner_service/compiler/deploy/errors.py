@@ -1,9 +1,14 @@
-"""Errors raised on purpose while building or running a deployable kernel library."""
+"""Errors raised on purpose while building or running a deployable kernel library.
+
+Their root ``DeployError`` is the model compiler's branch of ``tuner_service.errors``.
+"""
 
 from __future__ import annotations
 
+from tuner_service.errors import TunerServiceError
 
-class DeployError(Exception):
+
+class DeployError(TunerServiceError):
     """Root of every error raised on purpose by ``tuner_service.compiler.deploy``."""
 
 

@@ -1,13 +1,16 @@
 """Errors raised on purpose by the ONNX frontend.
 
-One root (``FrontendError``) so callers can catch the package's failures in one place; a layer
-we cannot map is not an error at all but an ``Unsupported`` record in the extraction result.
+One root (``FrontendError``, a branch of ``tuner_service.errors``) so callers can catch the
+package's failures in one place; a layer we cannot map is not an error at all but an
+``Unsupported`` record in the extraction result.
 """
 
 from __future__ import annotations
 
+from tuner_service.errors import TunerServiceError
 
-class FrontendError(Exception):
+
+class FrontendError(TunerServiceError):
     """Root of every error raised on purpose by ``tuner_service.compiler.frontend``."""
 
 

@@ -1,0 +1,98 @@
+"""Blocked activations in a model library (``tuner build --layout nchwc``): conv-family layers
+and the elementwise chains between them run NCHW[b]c, transforms only at the boundaries, and
+the outputs equal onnxruntime's and the plain build's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import make_model, onnxruntime_outputs
+from onnx import helper
+
+from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.errors import BuildError
+from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.generated_step import GeneratedStep
+from tuner_service.compiler.deploy.layout import host_block
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
+
+
+def _model() -> Any:
+    """5 input channels (not a block multiple) -> conv -> depthwise s2 -> 1x1 conv with a
+    residual -> per-channel scale + sigmoid chain -> add -> GAP; the chain is an output too."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], group=12, strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"]),
+        helper.make_node("Add", ["c3", "r2"], ["a3"]),
+        helper.make_node("Mul", ["a3", "scale"], ["m4"]),
+        helper.make_node("Sigmoid", ["m4"], ["s4"]),
+        helper.make_node("Add", ["s4", "a3"], ["y"]),
+        helper.make_node("GlobalAveragePool", ["y"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["out"]),
+    ]
+    weights = {"w1": w(12, 5, 3, 3), "b1": w(12), "w2": w(12, 1, 3, 3), "b2": w(12),
+               "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32),
+               "w3": w(12, 12, 1, 1), "scale": w(1, 12, 1, 1)}
+    return make_model(nodes, {"x": (1, 5, 11, 13)}, {"out": (1, 12), "y": (1, 12, 6, 7)},
+                      weights)
+
+
+def _build(model: Any, out: Path, layout: str) -> tuple[dict[str, Any], ModelRunner]:
+    manifest = build_library(model, ConfigBook(), out, layout=layout)
+    return manifest, ModelRunner(model, KernelLibrary(out), 1)
+
+
+def test_nchwc_library_matches_onnxruntime_and_the_plain_build(tmp_path: Path) -> None:
+    model = _model()
+    manifest, runner = _build(model, tmp_path / "blocked", "nchwc")
+    _, plain = _build(model, tmp_path / "plain", "nchw")
+    assert manifest["layout"] == {"mode": "nchwc", "block": host_block()}
+    assert {k["op"] for k in manifest["kernels"]} == {"conv2d_nchwc", "depthwise_conv2d_nchwc"}
+    kinds = [g["op"]["kind"] for g in manifest["generated"]]
+    # one transform in (the model input), one out (y, read by GAP and a graph output)
+    assert kinds.count("to_nchwc") == 1 and kinds.count("from_nchwc") == 1
+    # the scale + sigmoid + add chain runs blocked
+    assert [len(g["op"]["shape"]) for g in manifest["generated"]
+            if g["op"]["kind"] == "elementwise"] == [5]
+    feeds = runner.random_feeds(3)
+    want = onnxruntime_outputs(model, feeds)
+    for got in (runner.run(feeds), runner.run(feeds, native=False), plain.run(feeds)):
+        for name, expected in want.items():
+            assert got[name].shape == expected.shape
+            scale = float(np.abs(expected).max())
+            assert float(np.abs(got[name] - expected).max()) <= 1e-5 * scale, name
+
+
+def test_blocked_steps_read_blocked_tensors(tmp_path: Path) -> None:
+    _, runner = _build(_model(), tmp_path, "nchwc")
+    transforms = [s for s in runner.steps if isinstance(s, GeneratedStep)
+                  and s.op.kind in ("to_nchwc", "from_nchwc")]
+    assert [s.op.kind for s in transforms] == ["to_nchwc", "from_nchwc"]
+    assert transforms[0].inputs == ["x"] and transforms[1].outputs == ["y"]
+    assert runner.steps[0] is transforms[0]  # a model input's transform runs first
+
+
+def test_plain_default_has_no_layout_entry(tmp_path: Path) -> None:
+    manifest, _ = _build(_model(), tmp_path, "nchw")
+    assert "layout" not in manifest
+    assert all(k["op"] in ("conv2d", "depthwise_conv2d") for k in manifest["kernels"])
+
+
+def test_bad_layout_options_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="unknown layout"):
+        build_library(_model(), ConfigBook(), tmp_path, layout="nhwc")
+    with pytest.raises(BuildError, match="generated"):
+        build_library(_model(), ConfigBook(), tmp_path, layout="nchwc", generated=False)

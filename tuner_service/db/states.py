@@ -1,0 +1,48 @@
+"""The states a job, a job's task and a measurement move through, stored as their values.
+
+A state change is one guarded ``UPDATE`` (compare-and-set on the old state), so the sets below
+(``JOB_ACTIVE``, ``MEASUREMENT_PENDING``) are what those guards and the progress reads use. The
+columns are typed (``db.types.StoredEnum``): rows read back as members and a value outside the
+enum is refused at the statement, not stored.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class JobStatus(enum.StrEnum):
+    """queued -> running -> done | failed; cancelled from either active state."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class TaskStatus(enum.StrEnum):
+    """A job's task: queued -> running -> done; skipped when no template can tune it."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    SKIPPED = "skipped"
+
+
+class MeasurementState(enum.StrEnum):
+    """queued -> leased -> done (a lapsed lease goes back to queued); cancelled with its job.
+    Imported records arrive done."""
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+#: a job its driver still works on
+JOB_ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+#: a job that changes no more
+JOB_FINAL = (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)
+#: a measurement that has no result yet and may still get one
+MEASUREMENT_PENDING = (MeasurementState.QUEUED, MeasurementState.LEASED)
