@@ -39,3 +39,22 @@ def block_split(extent: int, inner: int, block_target: int) -> tuple[int, int, i
     below = max(d for d in divisors(rest) if d <= target)
     middle = below if 2 * below >= target else min(d for d in divisors(rest) if d >= target)
     return rest // middle, middle, inner
+
+
+#: register-tile widths a conv's output rows and columns are tiled by
+SPATIAL_TILES = (4, 6, 7, 8)
+
+
+def padded_spatial(extent: int) -> int:
+    """The output rows (or columns) a conv computes for an axis of ``extent``: itself when it
+    is at most 8 or one of ``SPATIAL_TILES`` divides it (ResNet's 112/56/28/14/7: stored
+    configs of such shapes keep their meaning), else the next extent one of them divides
+    (SqueezeNet's 111/55/27/13 become 112/56/28/14: their divisors forced 1-, 3- or full-row
+    tiles). A template's last tile then overlaps its neighbour or computes outputs it does
+    not store."""
+    if extent <= max(SPATIAL_TILES):
+        return extent
+    padded = extent
+    while all(padded % d for d in SPATIAL_TILES):
+        padded += 1
+    return padded

@@ -8,6 +8,10 @@ workspace inside the timed region. Image, channel block and row block are fused 
 parallel loop. A fused epilogue (bias, scale, residual, clip) is applied to the register tile
 as it is stored.
 
+Output rows and columns are split as ``padded_spatial`` of their extent: an extent without a
+divisor in 4..8 (SqueezeNet's 55, 27, 13) is tiled as the next one with such a divisor, the
+last tile shifted back to end at the output's edge (``_tile_origin``).
+
 For a 3x3 stride-1 window the ``algorithm`` knob adds Winograd F(2x2) and F(4x4) lowerings
 (``x86_winograd``) that read the same knobs; the default config uses one where it wins
 (``default_winograd``).
@@ -15,7 +19,7 @@ For a 3x3 stride-1 window the ``algorithm`` knob adds Winograd F(2x2) and F(4x4)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -23,16 +27,23 @@ from schedule_templates.ir.nodes import (
     Allocate,
     Buffer,
     Const,
+    Expr,
     Kernel,
     LoopKind,
     Scope,
     Stmt,
+    binop,
     loop,
     store,
 )
 from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpace, SplitKnob
 from schedule_templates.templates.base import Template, as_workload, register
-from schedule_templates.templates.choose import ACC_REGISTERS, largest_divisor, vregs
+from schedule_templates.templates.choose import (
+    ACC_REGISTERS,
+    largest_divisor,
+    padded_spatial,
+    vregs,
+)
 from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
 from schedule_templates.templates.window import needs_copy, pad_stage, padded_buffer
 from schedule_templates.templates.x86_winograd import (
@@ -49,11 +60,15 @@ MAX_KT = 64
 STRIDED_PIXELS = 8
 
 
-def _fits(cfg: Config) -> bool:
-    kt, oht, owt = cfg["tile_k"][1], cfg["tile_oh"][1], cfg["tile_ow"][1]
-    fits = kt <= MAX_KT and oht * owt * vregs(kt) <= ACC_REGISTERS
-    # Winograd has no kernel-column loop: one setting of unroll_s, not two equal kernels
-    return fits and (cfg["algorithm"] == "direct" or cfg["unroll_s"] == "unroll")
+def _fits(out_h: int, out_w: int) -> Callable[[Config], bool]:
+    def fits(cfg: Config) -> bool:
+        kt, oht, owt = cfg["tile_k"][1], cfg["tile_oh"][1], cfg["tile_ow"][1]
+        ok = kt <= MAX_KT and oht * owt * vregs(kt) <= ACC_REGISTERS
+        # a tile wider than the output has no place to shift back to (see _tile_origin)
+        ok = ok and oht <= out_h and owt <= out_w
+        # Winograd has no kernel-column loop: one setting of unroll_s, not two equal kernels
+        return ok and (cfg["algorithm"] == "direct" or cfg["unroll_s"] == "unroll")
+    return fits
 
 
 @register
@@ -69,25 +84,26 @@ class Conv2dX86(Template):
         wl = as_workload(workload, Conv2d)
         knobs = (
             SplitKnob("tile_k", wl.K, 2),
-            SplitKnob("tile_oh", wl.out_h, 2),
-            SplitKnob("tile_ow", wl.out_w, 2),
+            SplitKnob("tile_oh", padded_spatial(wl.out_h), 2),
+            SplitKnob("tile_ow", padded_spatial(wl.out_w), 2),
             ChoiceKnob("outer_order", ("k_h", "h_k")),
             ChoiceKnob("reduce_order", ("c_rs", "rs_c")),
             AnnotateKnob("unroll_s", ("none", "unroll")),
             ChoiceKnob("algorithm", ("direct", *ALGORITHMS) if eligible(wl) else ("direct",),
                        appended=True),
         )
-        return ConfigSpace(knobs, constraint=_fits)
+        return ConfigSpace(knobs, constraint=_fits(wl.out_h, wl.out_w))
 
     def default_config(self, workload: Workload) -> Config:
         wl = as_workload(workload, Conv2d)
+        out_h, out_w = padded_spatial(wl.out_h), padded_spatial(wl.out_w)
         winograd = default_winograd(wl, ACC_REGISTERS)
         if winograd is not None:
             algorithm, kt, rows = winograd
             return self.space(wl).from_entities({
                 "tile_k": (wl.K // kt, kt),
-                "tile_oh": (wl.out_h, 1),
-                "tile_ow": (wl.out_w // rows, rows),
+                "tile_oh": (out_h, 1),
+                "tile_ow": (out_w // rows, rows),
                 "outer_order": "k_h",
                 "reduce_order": "c_rs",
                 "unroll_s": "unroll",
@@ -99,18 +115,18 @@ class Conv2dX86(Template):
             # strided windows: about 8 pixels, 4 to 8 wide (1.3-3x the 14-pixel rows on
             # ResNet-18's and MobileNet-v2's stride-2 layers, one core)
             pixels = min(pixels, STRIDED_PIXELS)
-            owt = largest_divisor(wl.out_w, pixels, prefer=(8, 4, 7))
+            owt = largest_divisor(out_w, min(pixels, wl.out_w), prefer=(8, 4, 7))
         else:
-            owt = largest_divisor(wl.out_w, pixels, prefer=(14, 8, 7))
-        oht = largest_divisor(wl.out_h, max(1, pixels // owt))
+            owt = largest_divisor(out_w, min(pixels, wl.out_w), prefer=(14, 8, 7))
+        oht = largest_divisor(out_h, max(1, min(pixels // owt, wl.out_h)))
         # rows outermost when a layer narrows its channels and its input outweighs its weights:
         # each input row is then read once, the weights stay cached (ResNet-50's 256->64 and
         # 512->128 1x1 convs: ~12% faster; 64->256 and 1024->256 at 14x14: ~2-18% slower)
         narrowing = wl.C > wl.K and wl.H * wl.W > wl.K * wl.R * wl.S
         return self.space(wl).from_entities({
             "tile_k": (wl.K // kt, kt),
-            "tile_oh": (wl.out_h // oht, oht),
-            "tile_ow": (wl.out_w // owt, owt),
+            "tile_oh": (out_h // oht, oht),
+            "tile_ow": (out_w // owt, owt),
             "outer_order": "h_k" if narrowing else "k_h",
             "reduce_order": "c_rs",
             "unroll_s": "unroll",
@@ -153,7 +169,8 @@ class Conv2dX86(Template):
         r, r_loop = loop("r", wl.R)
         s, s_loop = loop("s", wl.S, LoopKind.UNROLL if config["unroll_s"] == "unroll"
                          else LoopKind.SERIAL)
-        oh, ow = hb * oht + a, wb * owt + b
+        oh = _tile_origin(hb, oht, oho, wl.out_h) + a
+        ow = _tile_origin(wb, owt, owo, wl.out_w) + b
         sh, sw = wl.stride
         dh, dw = wl.dilation
         acc = Buffer("acc", (oht, owt, kt), Scope.LOCAL)
@@ -185,3 +202,14 @@ class Conv2dX86(Template):
         packed = weight.reshape(ko, kt, wl.C, wl.R, wl.S).transpose(0, 2, 3, 4, 1)
         return {"data": inputs["data"], "weight_packed": np.ascontiguousarray(packed),
                 **epilogue_arguments(wl, inputs)}
+
+
+def _tile_origin(block: Expr, tile: int, blocks: int, extent: int) -> Expr:
+    """The first output row (or column) of register tile ``block``. Where the splits cover a
+    padded extent, the last tile is shifted back to end at the output's edge: it recomputes a
+    few outputs of its neighbour (and stores the same values again) instead of computing
+    outputs that do not exist, so every read stays inside the input and the loads of a tile
+    stay at constant offsets from one base (a clamped index per pixel cost a register each:
+    7-pixel tiles ran at half speed)."""
+    start = block * tile
+    return start if blocks * tile == extent else binop("min", start, extent - tile)

@@ -45,7 +45,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config
-from schedule_templates.templates.choose import largest_divisor
+from schedule_templates.templates.choose import largest_divisor, padded_spatial
 from schedule_templates.templates.epilogue import (
     EpilogueStage,
     epilogue_arguments,
@@ -130,9 +130,9 @@ DEFAULT_ROWS = (4, 7, 8, 6, 5, 14, 12)
 def default_winograd(wl: Conv2d, accumulators: int) -> tuple[str, int, int] | None:
     """``(algorithm, kt, rows)`` for the default config, or None where direct is the default.
 
-    ``rows`` is the tiles per register tile (it must divide the output width, being read from
-    ``tile_ow``); the one that wastes the fewest padded tiles is taken, ties in the order of
-    ``DEFAULT_ROWS``.
+    ``rows`` is the tiles per register tile (it must divide the output width the direct kernel
+    computes, ``padded_spatial(out_w)``, being read from ``tile_ow``); the one that wastes the
+    fewest padded tiles is taken, ties in the order of ``DEFAULT_ROWS``.
     """
     if not eligible(wl) or min(wl.C, wl.K) < DEFAULT_MIN_CHANNELS:
         return None
@@ -143,7 +143,7 @@ def default_winograd(wl: Conv2d, accumulators: int) -> tuple[str, int, int] | No
     tiles = _Geometry(wl, ALGORITHMS[algorithm]).tiles
     kt = largest_divisor(wl.K, 64, prefer=(32, 16, 64, 48))
     budget = accumulators // -(-kt // 16)
-    rows = [r for r in DEFAULT_ROWS if r <= budget and wl.out_w % r == 0]
+    rows = [r for r in DEFAULT_ROWS if r <= budget and padded_spatial(wl.out_w) % r == 0]
     if not rows:
         return None
     best = min(rows, key=lambda r: (-(-tiles // r) * r, DEFAULT_ROWS.index(r)))
