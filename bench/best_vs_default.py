@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import template_by_name
 from schedule_templates.workloads import parse_workload
@@ -29,7 +30,6 @@ from workers.backends import BackendSpec, create_backend
 from workers.hardware import device_class
 from workers.measure.hygiene import QuietGauge
 from workers.measure.runner import compare_output
-from workers.task import MeasureTask
 
 
 def measure_pair(entry: TunedEntry, threads: int, rounds: int, options: MeasureOptions
@@ -45,9 +45,8 @@ def measure_pair(entry: TunedEntry, threads: int, rounds: int, options: MeasureO
     typical: dict[str, list[float]] = {"default": [], "tuned": []}
     try:
         for name, config in (("default", default), ("tuned", tuned)):
-            task = MeasureTask(measure_id=name, template=template.name, workload=workload.key,
-                               target="llvm", config=config.to_json(), options=options,
-                               threads=threads)
+            task = ClaimItem(name, Candidate.of(template, workload, config), Target("llvm"),
+                             options, threads)
             kernel = backend.compile(task, backend.check(task))
             kernel.run()
             wrong = compare_output(kernel)

@@ -19,8 +19,9 @@ from schedule_templates.codegen.llvm_ir import LLVMGenerator
 from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
 from schedule_templates.errors import InvalidConfigError, UnsupportedHostError
 from schedule_templates.ir.nodes import Buffer, Kernel
+from schedule_templates.protocol import Target
 from schedule_templates.space import Config
-from schedule_templates.templates.base import Template, target_kind
+from schedule_templates.templates.base import Template
 from schedule_templates.workloads import Workload
 
 _ALIGN = 64
@@ -140,7 +141,7 @@ def build(workload: Workload, template: Template, config: Config, target: str = 
     """Lower and compile; InvalidConfigError for a config the template refuses, CodegenError
     when code generation or LLVM fails (UnsupportedHostError, a kind of it, when the kernel
     needs CPU features this host lacks)."""
-    if target_kind(target) != "llvm" or template.target_kind != "llvm":
+    if Target.parse(target).kind != "llvm" or template.target_kind != "llvm":
         raise InvalidConfigError(f"runtime.build compiles for the host CPU, not {target!r}")
     kernel = lower(workload, template, config)
     module = host_module(kernel)

@@ -25,8 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from workers.task import MeasureId, MeasureTask
-
+from schedule_templates.protocol import ClaimItem, MeasureId, MessageError, Report, measure_id_of
 from schedule_templates.records import ErrorKind, MeasureResult
 from workers.backends import BackendSpec, accelerator_facts, backend_class
 from workers.backoff import Backoff
@@ -190,7 +189,7 @@ class Agent:
             self._register()
             return []
 
-    def _claim_tasks(self, wait_s: float, max_items: int) -> list[MeasureTask]:
+    def _claim_tasks(self, wait_s: float, max_items: int) -> list[ClaimItem]:
         """One claim for the feed thread: parsed tasks, held and heartbeated from now on."""
         try:
             items = self.client.claim(self.worker_id, self.settings.max_items or max_items,
@@ -247,13 +246,13 @@ class Agent:
             if unstarted:
                 self._release(unstarted)
 
-    def _parse_items(self, items: list[dict[str, Any]]) -> list[MeasureTask]:
+    def _parse_items(self, items: list[dict[str, Any]]) -> list[ClaimItem]:
         tasks = []
         for item in items:
             try:
-                tasks.append(self._with_threads(MeasureTask.from_item(item)))
-            except ProtocolError as e:
-                measure_id = MeasureTask.measure_id_of(item)
+                tasks.append(self._with_threads(ClaimItem.from_json(item)))
+            except MessageError as e:
+                measure_id = measure_id_of(item)
                 logger.warning("malformed item: %s", e)
                 if measure_id is not None:  # answer it, or it comes back after every lease
                     self._spool_result(measure_id, MeasureResult.failure(
@@ -273,10 +272,10 @@ class Agent:
                       times: StageTimes | None = None) -> None:
         threads = self._threads.pop(measure_id, None)
         peak = self.peaks.peak(threads) if self.peaks is not None and threads else None
-        entry = {"measure_id": measure_id, **result.to_json(), "peak_gflops": peak,
-                 "device_class": self.device_class or None, "threads": threads}
+        entry = Report(measure_id, result, peak, self.device_class or None, threads,
+                       times.to_json() if times is not None else None).to_json()
         if times is not None:  # ``finished_at`` becomes ``timings.report_s`` when it is sent
-            entry |= {"timings": times.to_json(), "finished_at": time.time()}
+            entry["finished_at"] = time.time()
         self.spool.add(entry)
 
     def _peak_facts(self) -> dict[str, Any]:
@@ -285,7 +284,7 @@ class Agent:
         self.peaks.peak(self._max_threads())
         return {"peak_gflops": self.peaks.known()}
 
-    def _with_threads(self, task: MeasureTask) -> MeasureTask:
+    def _with_threads(self, task: ClaimItem) -> ClaimItem:
         threads = min(task.threads, self._max_threads())
         if threads == task.threads:
             return task

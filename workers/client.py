@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
+from schedule_templates.protocol import MeasureId
 from workers.errors import ProtocolError, ServerRejected, ServerUnavailable
-from workers.task import MeasureId
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from schedule_templates.protocol import ClaimItem, MeasureId
 from workers.backoff import Backoff
 from workers.errors import ServerUnavailable, WorkerError
-from workers.task import MeasureId, MeasureTask
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +33,13 @@ IDLE_WAKE_S = 0.05
 class Claimed:
     """A queued task and when and how fast its claim answered."""
 
-    task: MeasureTask
+    task: ClaimItem
     claimed_at: float  # time.monotonic() when the claim answered
     claim_s: float  # the claim request's round trip
 
 
 #: ``claim(wait_s, max_items)``: the tasks of one claim request (malformed items answered)
-ClaimCall = Callable[[float, int], list[MeasureTask]]
+ClaimCall = Callable[[float, int], list[ClaimItem]]
 #: ``report()``: one attempt to hand in the spool; True when it is empty afterwards
 ReportCall = Callable[[], bool]
 
@@ -79,7 +79,7 @@ class Feed:
 
     # -- the measuring loop's side ---------------------------------------------------------------
 
-    def next_task(self) -> MeasureTask | None:
+    def next_task(self) -> ClaimItem | None:
         """The next queued task, without waiting."""
         with self._lock:
             if not self._queue:
@@ -157,7 +157,7 @@ class Feed:
     def _fetch(self, wait_s: float, max_items: int) -> int | None:
         """Claim once; the tasks it queued, None when the server was unavailable."""
         start = time.monotonic()
-        tasks: list[MeasureTask] | None = None
+        tasks: list[ClaimItem] | None = None
 
         def claim() -> bool:
             nonlocal tasks

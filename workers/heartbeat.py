@@ -6,9 +6,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
+from schedule_templates.protocol import MeasureId
 from workers.client import ServerClient
 from workers.errors import WorkerError
-from workers.task import MeasureId
 
 logger = logging.getLogger(__name__)
 

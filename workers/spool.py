@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from schedule_templates.protocol import MeasureId
 from workers.errors import WorkerError
-from workers.task import MeasureId
 
 logger = logging.getLogger(__name__)
 

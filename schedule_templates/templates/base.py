@@ -7,6 +7,7 @@ config into a loop-nest kernel, ``pack`` lays constant weights out the way that 
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
@@ -15,6 +16,7 @@ import numpy as np
 
 from schedule_templates.errors import InvalidConfigError, InvalidWorkloadError
 from schedule_templates.ir.nodes import Kernel
+from schedule_templates.protocol import Target
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.workloads import Workload
 
@@ -49,6 +51,11 @@ class Template(ABC):
         through. Only constant inputs may be transformed here: this runs outside the timing."""
         return dict(inputs)
 
+    def cached_space(self, workload: Workload) -> ConfigSpace:
+        """``space(workload)`` without device limits, built once per (template, workload):
+        checks and decodes on the data path read it for every candidate."""
+        return _host_space(self, workload)
+
     def check(self, workload: Workload, config: Config) -> None:
         """Raise InvalidConfigError unless ``config`` belongs to this workload's space."""
         if workload.op != self.op:
@@ -58,12 +65,17 @@ class Template(ABC):
                 f"template {self.name} cannot fuse the epilogue {workload.epilogue_spec}; "
                 f"use the base workload {workload.base_key}"
             )
-        space = self.space(workload)
+        space = self.cached_space(workload)
         fresh = space.get(config.index)
         if fresh.entities != config.entities:
             raise InvalidConfigError(f"config {config.index} does not belong to this space")
         if not space.is_valid(config.index):
             raise InvalidConfigError(f"config {config.index} is filtered out by {self.name}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_space(template: Template, workload: Workload) -> ConfigSpace:
+    return template.space(workload)
 
 
 W = TypeVar("W", bound=Workload)
@@ -99,16 +111,10 @@ def template_by_name(name: str) -> Template:
         ) from None
 
 
-def target_kind(target: str) -> str:
-    """``llvm``, ``llvm -mcpu=znver5`` -> ``llvm``; ``cuda -arch=sm_90`` -> ``cuda``."""
-    kind = target.strip().split()[0] if target.strip() else ""
-    return kind
-
-
 def get_template(op: str, target: str = "llvm") -> Template:
     """The template for an operator on a target (one per pair today)."""
     _load_builtin()
-    kind = target_kind(target)
+    kind = Target.parse(target).kind
     for template in _TEMPLATES.values():
         if template.op == op and template.target_kind == kind:
             return template

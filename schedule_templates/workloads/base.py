@@ -11,6 +11,7 @@ without it is the operator alone, and ``base_key`` strips it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -247,9 +248,15 @@ def make_workload(op: str, **values: Any) -> Workload:
 
 
 def parse_workload(key: str) -> Workload:
-    """Parse a canonical (or reordered) workload key; unknown names give a clear error."""
+    """Parse a canonical (or reordered) workload key; unknown names give a clear error.
+    Workloads are immutable, so a key is parsed once and its workload shared."""
     if not isinstance(key, str) or ":" not in key:
         raise InvalidWorkloadError(f"workload key {key!r} must look like 'op:NAME=VALUE,...'")
+    return _parse_key(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_key(key: str) -> Workload:
     op, _, body = key.strip().partition(":")
     cls = workload_class(op.strip())
     values: dict[str, Any] = {}

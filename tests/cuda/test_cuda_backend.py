@@ -8,11 +8,11 @@ import types
 
 import numpy as np
 import pytest
-from workers.task import MeasureTask
 
 from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import CompiledKernel
 from schedule_templates.ir.gpu import serialize_for_host
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import ErrorKind, MeasureOptions
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
@@ -144,11 +144,11 @@ class FakeGpu:
         return package
 
 
-def host_executor(task: MeasureTask):
+def host_executor(task: ClaimItem):
     """Run the task's kernel IR serially on the host, on the fake device's arrays."""
-    workload = parse_workload(task.workload)
-    template = get_template(workload.op, task.target)
-    config = template.space(workload).from_json(task.config)
+    workload = parse_workload(task.candidate.workload)
+    template = get_template(workload.op, str(task.target))
+    config = template.space(workload).from_json(task.candidate.config)
     kernel = serialize_for_host(template.lower(workload, config))
     compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, len(kernel.params))
 
@@ -169,13 +169,12 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
 
 
 def make_task(config_index: int | None = None, target: str = TARGET, key: str = KEY
-              ) -> MeasureTask:
+              ) -> ClaimItem:
     workload = parse_workload(key)
     template = get_template(workload.op, target)
     index = template.default_config(workload).index if config_index is None else config_index
-    return MeasureTask(measure_id=1, template=template.name, workload=key, target=target,
-                       config={"index": index},
-                       options=MeasureOptions(number=1, repeat=3, min_repeat_ms=2.0))
+    return ClaimItem(1, Candidate(template.name, key, {"index": index}), Target.parse(target),
+                     MeasureOptions(number=1, repeat=3, min_repeat_ms=2.0))
 
 
 def test_registered_and_lazy():
@@ -265,7 +264,7 @@ def test_registration_reports_the_gpu(gpu: FakeGpu):
     assert facts["compute_capability"] == "sm_90" and facts["name"] == "Fake H100"
     assert facts["max_shared_memory_per_block"] == 49152
     assert facts["max_registers_per_block"] == 65536 and facts["warp_size"] == 32
-    assert target_for(gpu_facts()) == "cuda -arch=sm_90"
+    assert str(target_for(gpu_facts())) == "cuda -arch=sm_90"
 
 
 def _real_gpu() -> str | None:
@@ -290,7 +289,7 @@ def _real_gpu() -> str | None:
 def test_real_gpu_matches_numpy(key: str):
     from workers.backends.cuda import gpu_facts, target_for
 
-    target = target_for(gpu_facts())
+    target = str(target_for(gpu_facts()))
     backend = create_backend(BackendSpec("cuda"))
     try:
         workload = parse_workload(key)

@@ -91,18 +91,20 @@ def test_the_server_migrates_then_serves(services: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("name", ["worker-cpu", "worker-gpu"])
 def test_worker_commands_are_real(services: dict[str, Any], name: str) -> None:
-    from schedule_templates.templates.base import all_templates, target_kind
+    from schedule_templates.protocol import Target
+    from schedule_templates.templates.base import all_templates
     from workers.backends import backend_names
 
     [words] = commands(services[name])
     args = parse(words)
     assert args.command == "worker" and args.func is worker_cli.run
-    backend = args.backend or target_kind(args.target)
+    kind = Target.parse(args.target).kind
+    backend = args.backend or kind
     kinds = {t.target_kind for t in all_templates()}
-    if backend not in backend_names() or target_kind(args.target) not in kinds:
+    if backend not in backend_names() or kind not in kinds:
         assert name == "worker-gpu", f"{name}: backend {backend!r} or target {args.target!r}"
         pytest.skip(f"the {backend!r} backend or its templates are not built yet (issue 6)")
-    assert target_kind(args.target) in kinds
+    assert kind in kinds
 
 
 def test_environment_names_are_real_settings(compose: dict[str, Any],

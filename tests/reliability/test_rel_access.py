@@ -229,23 +229,22 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize(("config", "template", "version", "target"), BAD_CONFIGS)
 def test_worker_checks_the_config_before_building_anything(
         config: dict[str, Any], template: str, version: int, target: str) -> None:
+    from schedule_templates.protocol import Candidate, ClaimItem, Target
     from workers.backends.llvm import LlvmBackend
     from workers.measure.runner import measure_task
-    from workers.task import MeasureTask
 
     class Recording(LlvmBackend):
         built = 0
 
         # workers build through the compile-cache path
-        def compile_cached(self, task: MeasureTask, resolved: Any, code: bytes | None) -> Any:
+        def compile_cached(self, task: ClaimItem, resolved: Any, code: bytes | None) -> Any:
             Recording.built += 1
             return super().compile_cached(task, resolved, code)
 
     def task(cfg: dict[str, Any], name: str = "dense.x86", ver: int = 1,
-             tgt: str = "llvm") -> MeasureTask:
-        return MeasureTask(measure_id=1, template=name, template_version=ver, target=tgt,
-                           workload="dense:M=16,N=16,K=16", config=cfg,
-                           options=MeasureOptions(repeat=1, min_repeat_ms=0.0), threads=1)
+             tgt: str = "llvm") -> ClaimItem:
+        return ClaimItem(1, Candidate(name, "dense:M=16,N=16,K=16", cfg, ver), Target.parse(tgt),
+                         MeasureOptions(repeat=1, min_repeat_ms=0.0), threads=1)
 
     backend = Recording()
     try:

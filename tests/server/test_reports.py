@@ -10,13 +10,13 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import event, select, text
 
+from schedule_templates.protocol import Report
 from schedule_templates.records import MeasureResult
 from tuner_service.db.engine import Database
 from tuner_service.db.models import JobTask, Measurement
 from tuner_service.jobs import queue
 from tuner_service.jobs.create import JobSpec, create_job
 from tuner_service.jobs.driver import JobDriver
-from tuner_service.jobs.reports import Reported
 from tuner_service.settings import Settings
 
 from .fakes import FakeWorker, bearer
@@ -61,7 +61,7 @@ def test_a_report_costs_the_same_statements_whatever_its_size(settings: Settings
             worker = session.get(queue.Worker, worker_id)
             assert worker is not None
             answer = queue.report_results(session, worker,
-                                          [Reported(i, _result(i)) for i in batch])
+                                          [Report(i, _result(i)) for i in batch])
         assert answer["accepted"] == batch
         counts.append(len(seen))
     assert counts[0] == counts[1] <= 8, counts  # worker, lock, update, 2 task updates
@@ -88,12 +88,12 @@ def test_one_batch_gets_a_status_per_result(settings: Settings) -> None:
     with db.session() as session:
         worker = session.get(queue.Worker, worker_id)
         assert worker is not None
-        queue.report_results(session, worker, [Reported(ids[0], _result(0))])
+        queue.report_results(session, worker, [Report(ids[0], _result(0))])
         answer = queue.report_results(session, worker, [
-            Reported(ids[0], _result(0)), Reported(ids[1], _result(1)),
-            Reported(ids[2], _result(2)), Reported(ids[2], _result(2)),
-            Reported(ids[3], MeasureResult.from_json({"costs": [], "error_kind": 0})),
-            Reported(theirs[0], _result(3)), Reported(10**9, _result(4))])
+            Report(ids[0], _result(0)), Report(ids[1], _result(1)),
+            Report(ids[2], _result(2)), Report(ids[2], _result(2)),
+            Report(ids[3], MeasureResult.from_json({"costs": [], "error_kind": 0})),
+            Report(theirs[0], _result(3)), Report(10**9, _result(4))])
     db.dispose()
     statuses = [(s["measure_id"], s["status"]) for s in answer["statuses"]]
     assert statuses == [(ids[0], "duplicate"), (ids[1], "expired"), (ids[2], "accepted"),

@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import ErrorKind, MeasureOptions
 from workers.backends import BACKENDS, BackendSpec, backend_class, create_backend
 from workers.backends.fake import FAULT_MODES, FakeBackend, parse_rates
 from workers.errors import BackendError
 from workers.measure import compare_output, measure_task
-from workers.task import MeasureTask
 
 OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=0.0)
 
 
-def task(index: int) -> MeasureTask:
-    return MeasureTask(index, "dense.x86", "dense:M=64,N=64,K=64", "llvm", {"index": index},
-                       OPTIONS)
+def task(index: int) -> ClaimItem:
+    return ClaimItem(index, Candidate("dense.x86", "dense:M=64,N=64,K=64", {"index": index}),
+                     Target("llvm"), OPTIONS)
 
 
 def test_the_registry_names_llvm_fake_and_cuda() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from workers.compile_cache import CompileCache, CompileKey
@@ -46,15 +48,14 @@ def test_bounds_must_not_be_negative() -> None:
 
 def test_llvm_keys_name_the_template_version_and_the_host_cpu() -> None:
     pytest.importorskip("llvmlite")
+    from schedule_templates.protocol import Candidate, ClaimItem, Target
     from workers.backends.llvm import LlvmBackend, host_cpu_id
-    from workers.task import MeasureTask
 
-    task = MeasureTask(measure_id=1, template="dense.x86", workload="dense:M=64,N=64,K=64",
-                       target="llvm", config={"index": 3}, template_version=1)
+    candidate = Candidate("dense.x86", "dense:M=64,N=64,K=64", {"index": 3}, 1)
+    task = ClaimItem(1, candidate, Target("llvm"))
     found = LlvmBackend.cache_key(task, {})
     assert found is not None and found.template_version == 1 and found.cpu == host_cpu_id()
     assert LlvmBackend.cache_key(task, {}) == found
-    assert LlvmBackend.cache_key(MeasureTask(**{**task.__dict__, "template_version": 99}),
-                                 {}) is None
-    assert LlvmBackend.cache_key(MeasureTask(**{**task.__dict__, "template": "nope"}),
-                                 {}) is None
+    for changed in ({"template_version": 99}, {"template": "nope"}):
+        other = dataclasses.replace(task, candidate=dataclasses.replace(candidate, **changed))
+        assert LlvmBackend.cache_key(other, {}) is None

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import ErrorKind, MeasureOptions
 from workers.backends import BackendSpec
 from workers.errors import BackendError
 from workers.measure.pool import IsolatedMeasurer, describe_exit
-from workers.task import MeasureTask
 
 # build_timeout_s covers starting a fresh child after a crash: seconds on a loaded machine
 OPTIONS = MeasureOptions(repeat=2, min_repeat_ms=0.0, build_timeout_s=4.0, run_timeout_s=1.5)
@@ -35,9 +35,9 @@ EXPECTED = {
 pytestmark = pytest.mark.timeout(120)
 
 
-def task(index: int, options: MeasureOptions = OPTIONS) -> MeasureTask:
-    return MeasureTask(measure_id=index, template="dense.x86", workload="dense:M=64,N=64,K=64",
-                       target="llvm", config={"index": index}, options=options)
+def task(index: int, options: MeasureOptions = OPTIONS) -> ClaimItem:
+    return ClaimItem(index, Candidate("dense.x86", "dense:M=64,N=64,K=64", {"index": index}),
+                     Target("llvm"), options)
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,14 @@ import pytest
 pytest.importorskip("llvmlite")
 pytest.importorskip("schedule_templates.runtime", reason="the LLVM runtime is not built yet")
 
+from schedule_templates.protocol import ClaimItem
 from schedule_templates.records import ErrorKind, MeasureOptions
 from schedule_templates.templates.base import template_by_name
 from schedule_templates.workloads import parse_workload
-from workers.backends import BackendSpec, BoundKernel, Resolved
+from workers.backends import BackendSpec, BoundKernel, Decoded
 from workers.backends.llvm import LlvmBackend
 from workers.measure import measure_candidate, measure_task
 from workers.measure.pool import IsolatedMeasurer
-from workers.task import MeasureTask
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,11 +26,10 @@ def default_index(key: str = DENSE, template: str = "dense.x86") -> int:
     return template_by_name(template).default_config(parse_workload(key)).index
 
 
-def task(index: int, **extra: object) -> MeasureTask:
-    values: dict[str, object] = {"measure_id": index, "template": "dense.x86",
-                                 "workload": DENSE, "target": "llvm",
-                                 "config": {"index": index}, "options": OPTIONS, **extra}
-    return MeasureTask(**values)  # type: ignore[arg-type]
+def task(index: int, **extra: object) -> ClaimItem:
+    return ClaimItem.from_json({"measure_id": index, "template": "dense.x86", "workload": DENSE,
+                                "target": "llvm", "config": {"index": index},
+                                "options": OPTIONS.to_json(), **extra})
 
 
 def test_measure_candidate_times_a_correct_kernel() -> None:
@@ -58,7 +57,7 @@ def test_invalid_configs_are_instantiation_errors(extra: dict[str, object], word
 class CorruptingBackend(LlvmBackend):
     """A test-only fault: the kernel's output is damaged after every run."""
 
-    def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
+    def compile_cached(self, task: ClaimItem, resolved: Decoded | None, code: bytes | None
                        ) -> tuple[BoundKernel, bytes | None]:
         kernel, fresh = super().compile_cached(task, resolved, code)
         run = kernel.run

@@ -3,6 +3,7 @@ across candidates, the feed thread (prefetched claims, batched reports) and resu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import StubServer, make_item
 
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import MeasureOptions
 from workers.agent import run_worker
 from workers.backends import BackendSpec
@@ -19,7 +21,6 @@ from workers.feed import Feed
 from workers.measure.cores import CoreLayout
 from workers.measure.pool import IsolatedMeasurer
 from workers.settings import WorkerSettings
-from workers.task import MeasureTask
 from workers.timings import STAGES
 
 pytestmark = pytest.mark.timeout(180)
@@ -30,9 +31,9 @@ needs_two_cores = pytest.mark.skipif(not CoreLayout.of_this_process().overlaps(1
                                      reason="builds beside a timed run need two usable cores")
 
 
-def task(index: int, options: MeasureOptions = OPTIONS, **extra: Any) -> MeasureTask:
-    return MeasureTask(measure_id=index, template="dense.x86", workload="dense:M=64,N=64,K=64",
-                       target="llvm", config={"index": index}, options=options, **extra)
+def task(index: int, options: MeasureOptions = OPTIONS, **extra: Any) -> ClaimItem:
+    return ClaimItem(index, Candidate("dense.x86", "dense:M=64,N=64,K=64", {"index": index}),
+                     Target("llvm"), options, **extra)
 
 
 @needs_two_cores
@@ -81,8 +82,7 @@ def test_a_config_measured_again_is_loaded_from_the_compile_cache() -> None:
     workload = "dense:M=64,N=64,K=64"
     index = template_by_name("dense.x86").default_config(parse_workload(workload)).index
     options = MeasureOptions(repeat=2, min_repeat_ms=0.0)
-    tasks = [task(index, options), MeasureTask(**{**task(index, options).__dict__,
-                                                 "measure_id": 2})]
+    tasks = [task(index, options), dataclasses.replace(task(index, options), measure_id=2)]
     with IsolatedMeasurer(BackendSpec("llvm"), parallel_build=1) as m:
         measured = list(m.measure_stream(lambda: tasks.pop(0) if tasks else None))
         assert (m.cache.hits, m.cache.misses, len(m.cache)) == (1, 1, 1)
@@ -101,7 +101,7 @@ class _Calls:
         self.spooled = 0
         self.refuse = False
 
-    def claim(self, wait_s: float, max_items: int) -> list[MeasureTask]:
+    def claim(self, wait_s: float, max_items: int) -> list[ClaimItem]:
         if self.refuse:
             raise ServerRejected(401, "bad token")
         n = min(max_items, self.left)
@@ -184,7 +184,7 @@ def test_builds_stay_off_the_timing_cores_and_their_smt_siblings(tmp_path: Path)
 
 
 def test_a_bug_in_the_feed_stops_it_with_an_error_instead_of_starving_the_worker() -> None:
-    def broken(wait_s: float, max_items: int) -> list[MeasureTask]:
+    def broken(wait_s: float, max_items: int) -> list[ClaimItem]:
         raise KeyError("a bug")
 
     with Feed(broken, lambda: True, lambda: 0, depth=1, poll_s=0.05) as feed:

@@ -24,7 +24,6 @@ from tuner_service.api.routes import jobs, models, packs, refresh, shared, worke
 from tuner_service.db.engine import Database
 from tuner_service.db.migrate import check_schema
 from tuner_service.jobs.driver import JobDriver
-from tuner_service.jobs.templates import SpaceCache
 from tuner_service.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -49,7 +48,6 @@ def create_api(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings.resolved_database_url, settings.database_busy_timeout_s)
     app.state.driver = None
-    app.state.spaces = SpaceCache()
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FRAMING_SLACK)
     install_metrics(app)

@@ -24,7 +24,6 @@ from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, Token, Worker
 from tuner_service.errors import AuthError, ForbiddenError, NotFoundError
 from tuner_service.jobs.driver import JobDriver
-from tuner_service.jobs.templates import SpaceCache
 from tuner_service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="a token from `tuner token create`")
@@ -45,14 +44,7 @@ def get_driver(request: Request) -> JobDriver | None:
     return driver
 
 
-def get_spaces(request: Request) -> SpaceCache:
-    """The app's spaces, built once and shared by every claim (``SpaceCache``)."""
-    spaces: SpaceCache = request.app.state.spaces
-    return spaces
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SpacesDep = Annotated[SpaceCache, Depends(get_spaces)]
 DbDep = Annotated[Database, Depends(get_db)]
 DriverDep = Annotated[JobDriver | None, Depends(get_driver)]
 

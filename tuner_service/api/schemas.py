@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import (
@@ -18,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from schedule_templates.protocol import ClaimItem, Report
 from schedule_templates.records import ErrorKind, MeasureResult
 from tuner_service.db.states import JobStatus, TaskStatus
 from tuner_service.db.types import bounded_utc
@@ -186,7 +188,7 @@ class JobHistory(BaseModel):
 
 class WorkerRegister(Body):
     device_key: str = Field(min_length=1, max_length=255)
-    target: str = Field(min_length=1, max_length=255)
+    target: str = Field(min_length=1, max_length=255, pattern=r"\S")  # a kind: Target.parse
     name: str = Field(default="", max_length=255)
     hardware: FreeJson = Field(default_factory=dict)
     software: FreeJson = Field(default_factory=dict)
@@ -214,6 +216,11 @@ class ClaimRequest(Body):
 
 class ClaimAnswer(BaseModel):
     items: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, items: Sequence[ClaimItem]) -> ClaimAnswer:
+        """The protocol's items as JSON (docs/worker-protocol.md)."""
+        return cls(items=[item.to_json() for item in items])
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS)]
@@ -282,8 +289,11 @@ class ResultIn(Body):
         # finite number is dropped rather than costing the worker its result.
         return value if value is not None and math.isfinite(value) and value > 0 else None
 
-    def to_result(self) -> MeasureResult:
-        return MeasureResult.from_json(self.model_dump())
+    def to_report(self) -> Report:
+        """The protocol's report of this decoded result."""
+        return Report(self.measure_id, MeasureResult.from_json(self.model_dump()),
+                      self.peak_gflops, self.device_class, self.threads,
+                      self.timings.to_json() if self.timings else None)
 
 
 def device_context(name: str, value: Any) -> Any:

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schedule_templates.protocol import Target
+
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
@@ -58,7 +60,7 @@ def local_device_class(target: str = "llvm") -> str:
     from workers.hardware import device_class
 
     facts: dict[str, Any] = {}
-    if target.split()[0] == "cuda":
+    if Target.parse(target).kind == "cuda":
         try:
             facts = accelerator_facts("cuda")
         except ImportError:  # no pycuda here: the CPU's class (lookups fall back from it)

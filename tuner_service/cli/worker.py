@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schedule_templates.protocol import MessageError, Target
 from tuner_service.cli.errors import UsageError
 
 ENV_SERVER = "TUNER_SERVER"
@@ -63,9 +64,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: tuner worker needs --server and --token (or {ENV_SERVER}, {ENV_TOKEN})",
               file=sys.stderr)
         return 2
-    backend = args.backend or args.target.split()[0]
-    if backend == "cuda" and args.target.strip() == "cuda":
-        args.target = _cuda_target()  # records keep the architecture: cuda -arch=sm_XX
+    try:
+        target = Target.parse(args.target)
+    except MessageError as e:
+        print(f"error: tuner worker: {e}", file=sys.stderr)
+        return 2
+    backend = args.backend or target.kind
+    if backend == "cuda" and target.option("-arch") is None:
+        args.target = str(_cuda_target(target))  # records keep the architecture it measured
     try:
         options = parse_backend_options(args.backend_option)
         if args.fake_failures:
@@ -83,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
     return run_worker(settings)
 
 
-def _cuda_target() -> str:
+def _cuda_target(target: Target) -> Target:
     from workers.backends.cuda import gpu_facts, target_for
     from workers.errors import WorkerError
 
     try:
-        return target_for(gpu_facts())
+        return target_for(gpu_facts(), target)
     except WorkerError as e:
         raise UsageError(f"tuner worker: {e}") from None
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from schedule_templates.protocol import Target
 from schedule_templates.records import ErrorKind
 from tuner_service.db.models import Job, JobTask, Measurement
 from tuner_service.db.states import JOB_ACTIVE, MeasurementState
@@ -41,7 +42,7 @@ def job_health(session: Session, job: Job, window_s: float = ONLINE_WINDOW_S
         device = f" and device key {job.device_key!r}" if job.device_key else ""
         return {"state": "no_workers", "message": (
             f"no worker online for target {job.target!r}{device}; start one with "
-            f"`tuner worker --server URL --token TOKEN --target {job.target.split()[0]}"
+            f"`tuner worker --server URL --token TOKEN --target {Target.parse(job.target).kind}"
             f" --device-key {job.device_key or 'KEY'}`")}
     recent = session.execute(
         select(Measurement.error_kind, Measurement.error_message)

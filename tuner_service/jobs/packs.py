@@ -24,12 +24,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
+from schedule_templates.protocol import Candidate
 from tuner_service.db.models import TuningLogEntry
 from tuner_service.errors import InvalidInputError
 from tuner_service.jobs import device
 from tuner_service.jobs.log import entry_json
 from tuner_service.jobs.results import upsert_entry
-from tuner_service.jobs.templates import SpaceCache
 
 PACK_FORMAT = "tuner-pack"
 PACK_VERSION = 1
@@ -75,11 +75,10 @@ def _resolved(session: Session, target: str, query: device.DeviceQuery) -> list[
 def import_pack(session: Session, pack: Any) -> dict[str, Any]:
     """Validate every entry, then store them all; 422 lists the bad ones."""
     tasks = _tasks(pack)
-    spaces = SpaceCache()
     rows, errors = [], []
     for position, item in enumerate(tasks):
         try:
-            rows.append(_entry(item, spaces))
+            rows.append(_entry(item))
         except (ValueError, TypeError, KeyError, ScheduleError, InvalidInputError) as e:
             errors.append({"entry": position, "reason": str(e)[:500]})
     if errors:
@@ -103,14 +102,15 @@ def _tasks(pack: Any) -> list[Any]:
     return tasks
 
 
-def _entry(item: Any, spaces: SpaceCache) -> dict[str, Any]:
+def _entry(item: Any) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise ValueError("an entry must be an object")
     version = item["template_version"]
     if not isinstance(version, int) or isinstance(version, bool):
         raise ValueError(f"'template_version' must be an integer, not {version!r}")
     template, workload = _text(item, "template", 128), _text(item, "workload", 512)
-    config = spaces.validate(template, version, workload, item["config"])
+    decoded = Candidate(template, workload, item["config"], version).decode()
+    config, parsed = decoded.config, decoded.workload
     klass = device.parse_class(_text(item, "device_class", 255))
     threads = item.get("threads", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 4096:
@@ -123,7 +123,6 @@ def _entry(item: Any, spaces: SpaceCache) -> dict[str, Any]:
     if spread is not None and (isinstance(spread, bool) or not isinstance(spread, int | float)
                                or not math.isfinite(spread) or spread < 0):
         raise ValueError(f"'spread' must be a non-negative number, not {spread!r}")
-    _template, parsed, _space = spaces.get(template, workload)
     return {
         "workload_key": parsed.key, "op": parsed.op, "target": _text(item, "target", 255),
         "template": template, "template_version": version, "config": config.to_json(),

@@ -9,20 +9,20 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
-from schedule_templates.records import ErrorKind, MeasureResult
+from schedule_templates.protocol import Candidate, ClaimItem, Report, Target
+from schedule_templates.records import ErrorKind, MeasureOptions, MeasureResult
 from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, JobTask, Measurement, Worker
 from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.device import class_of_hardware
-from tuner_service.jobs.reports import Reported, store_reported
+from tuner_service.jobs.reports import store_reported
 from tuner_service.jobs.results import store_result
-from tuner_service.jobs.templates import SpaceCache
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 def register_worker(session: Session, body: dict[str, Any], token_id: int | None) -> Worker:
     worker = Worker(
         name=str(body.get("name") or ""), device_key=str(body["device_key"]),
-        target=str(body["target"]), hardware=dict(body.get("hardware") or {}),
+        target=str(Target.parse(str(body["target"]))), hardware=dict(body.get("hardware") or {}),
         software=dict(body.get("software") or {}), token_id=token_id,
     )
     session.add(worker)
@@ -45,14 +45,24 @@ def touch_worker(session: Session, worker_id: int) -> None:
                     .execution_options(synchronize_session=False))
 
 
-def live_workers(session: Session, target: str, device_key: str | None, window_s: float) -> int:
-    """Workers seen within ``window_s`` (database clock) that can serve a job on this target and
-    device key (a job without a device key is served by any worker of its target)."""
-    query = select(func.count()).select_from(Worker).where(
-        Worker.target == target, Worker.last_heartbeat >= utcnow_plus(-window_s))
+def serving_workers(session: Session, target: str, device_key: str | None,
+                    window_s: float | None = None) -> list[Any]:
+    """(target, hardware) of the workers that can serve a job on this target and device key
+    (``Target.serves``; a job without a device key is served by any worker of its target),
+    seen within ``window_s`` (database clock) when given; the latest seen first."""
+    job = Target.parse(target)
+    query = (select(Worker.target, Worker.hardware).where(Worker.target.startswith(job.kind))
+             .order_by(Worker.last_heartbeat.desc().nulls_last(), Worker.id.desc()))
+    if window_s is not None:
+        query = query.where(Worker.last_heartbeat >= utcnow_plus(-window_s))
     if device_key is not None:
         query = query.where(Worker.device_key == device_key)
-    return int(session.scalar(query) or 0)
+    return [row for row in session.execute(query) if Target.parse(row.target).serves(job)]
+
+
+def live_workers(session: Session, target: str, device_key: str | None, window_s: float) -> int:
+    """How many ``serving_workers`` were seen within ``window_s``."""
+    return len(serving_workers(session, target, device_key, window_s))
 
 
 def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> list[int]:
@@ -63,7 +73,8 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
     """
     pick = (
         select(Measurement.id)
-        .where(Measurement.state == MeasurementState.QUEUED, Measurement.target == worker.target,
+        .where(Measurement.state == MeasurementState.QUEUED,
+               Measurement.target.in_(Target.parse(worker.target).served()),
                or_(Measurement.device_key.is_(None), Measurement.device_key == worker.device_key))
         .order_by(Measurement.id)
         .limit(max_items)
@@ -87,11 +98,12 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
     return sorted(session.scalars(stmt).all())
 
 
-def claimed_items(session: Session, ids: Sequence[int], default_options: dict[str, Any],
-                  spaces: SpaceCache | None = None) -> list[dict[str, Any]]:
-    """The protocol items for freshly claimed ids; configs that fail validation against their
-    template's space are recorded as instantiation errors instead of being handed out.
-    ``spaces``: built spaces to reuse (a server keeps one across claims)."""
+def claimed_items(session: Session, ids: Sequence[int], default_options: dict[str, Any]
+                  ) -> list[ClaimItem]:
+    """The protocol items for freshly claimed ids. A row is decoded into its candidate here
+    (the database is a boundary: a row may have been edited or written by an older server);
+    one that does not fit its template's space is recorded as an instantiation error instead
+    of being handed out (spaces and workloads are cached: decoding costs little)."""
     rows = session.execute(
         select(Measurement.id, Measurement.template, Measurement.template_version,
                Measurement.workload_key, Measurement.target, Measurement.config,
@@ -101,21 +113,18 @@ def claimed_items(session: Session, ids: Sequence[int], default_options: dict[st
         .where(ids_in(session, Measurement.id, ids))
         .order_by(Measurement.id)
     ).all()
-    spaces = spaces if spaces is not None else SpaceCache()
     items = []
     for m in rows:
-        options, threads = m.options, m.threads
+        candidate = Candidate(m.template, m.workload_key, m.config, m.template_version)
         try:
-            spaces.validate(m.template, m.template_version, m.workload_key, m.config)
+            candidate.decode()
         except ScheduleError as e:
             logger.warning("measurement %d has an invalid config: %s", m.id, e)
             store_result(session, m.id, MeasureResult.failure(ErrorKind.INSTANTIATION, str(e)))
             continue
-        items.append({
-            "measure_id": m.id, "template": m.template, "template_version": m.template_version,
-            "workload": m.workload_key, "target": m.target, "config": m.config,
-            "options": {**default_options, **(options or {})}, "threads": threads or 1,
-        })
+        options = MeasureOptions.from_json({**default_options, **(m.options or {})})
+        items.append(ClaimItem(m.id, candidate, Target.parse(m.target), options,
+                               m.threads or 1))
     return items
 
 
@@ -171,20 +180,19 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
 
 
 def claim_batch(db: Database, worker: Worker, max_items: int, lease_s: float,
-                default_options: dict[str, Any], spaces: SpaceCache | None = None
-                ) -> list[dict[str, Any]]:
+                default_options: dict[str, Any]) -> list[ClaimItem]:
     """One claim attempt in its own transaction (the long-poll calls this repeatedly): the
     worker's heartbeat, one guarded UPDATE and one read of the items, whatever ``max_items``.
     ``worker``: the row the request authorised (its target and device key are all we need)."""
-    def attempt(session: Session) -> list[dict[str, Any]]:
+    def attempt(session: Session) -> list[ClaimItem]:
         touch_worker(session, worker.id)
         ids = claim(session, worker, max_items, lease_s)
-        return claimed_items(session, ids, default_options, spaces) if ids else []
+        return claimed_items(session, ids, default_options) if ids else []
 
     return db.run(attempt)
 
 
-def report_results(session: Session, worker: Worker, reported: Sequence[Reported],
+def report_results(session: Session, worker: Worker, reported: Sequence[Report],
                    problems: Mapping[int, str] | None = None) -> dict[str, Any]:
     """Store a worker's results in one transaction (``reports.store_reported``).
 
@@ -197,9 +205,10 @@ def report_results(session: Session, worker: Worker, reported: Sequence[Reported
     """
     registered = class_of_hardware(worker.hardware)
     touch_worker(session, worker.id)
-    found = [(problems or {}).get(r.measure_id) or _result_problem(r.result) for r in reported]
-    storable = [r if r.device.device_class is not None else dataclasses.replace(
-        r, device=dataclasses.replace(r.device, device_class=registered))
+    found = [(problems or {}).get(int(r.measure_id)) or _result_problem(r.result)
+             for r in reported]
+    storable = [r if r.device_class is not None else dataclasses.replace(
+        r, device_class=registered)
         for r, problem in zip(reported, found, strict=True) if not problem]
     stored = iter(store_reported(session, worker.id, worker.device_key, storable))
     answer: dict[str, Any] = {"accepted": [], "duplicates": [], "rejected": [], "statuses": []}

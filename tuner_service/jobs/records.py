@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
+from schedule_templates.protocol import Candidate
 from schedule_templates.records import ErrorKind, MeasureResult
 from tuner_service.db.models import Measurement
 from tuner_service.db.states import MeasurementState
@@ -26,7 +27,6 @@ from tuner_service.db.types import bounded_utc
 from tuner_service.db.values import check_tree
 from tuner_service.errors import InvalidInputError
 from tuner_service.jobs.results import measurement_result, update_tuning_log
-from tuner_service.jobs.templates import SpaceCache
 from tuner_service.jobs.views import iso
 from workers.device_class import UNKNOWN, DeviceClass
 
@@ -65,13 +65,12 @@ def export_lines(session: Session, workload: str | None, target: str | None,
 def import_lines(session: Session, text: str, max_lines: int) -> dict[str, Any]:
     """Validate every line first; any bad line rejects the whole import (422 lists them)."""
     parsed, errors = [], []
-    spaces = SpaceCache()
     lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if len(lines) > max_lines:
         raise InvalidInputError(f"too many records ({len(lines)} > {max_lines})")
     for number, line in lines:
         try:
-            parsed.append(_parse_line(line, spaces))
+            parsed.append(_parse_line(line))
         except (ValueError, TypeError, KeyError, ScheduleError) as e:
             errors.append({"line": number, "reason": str(e)[:500]})
     if errors:
@@ -79,7 +78,7 @@ def import_lines(session: Session, text: str, max_lines: int) -> dict[str, Any]:
     return _store(session, parsed)
 
 
-def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
+def _parse_line(line: str) -> Measurement:
     record = json.loads(line)
     if not isinstance(record, dict):
         raise ValueError("a record must be a JSON object")
@@ -92,7 +91,8 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
     version = record["template_version"]
     if not isinstance(version, int) or isinstance(version, bool):
         raise ValueError(f"'template_version' must be an integer, not {version!r}")
-    config = spaces.validate(template, version, workload, record["config"])
+    decoded = Candidate(template, workload, record["config"], version).decode()
+    config = decoded.config
     result_json = record.get("result") or {}
     if not isinstance(result_json, dict):
         raise ValueError("'result' must be an object")
@@ -104,7 +104,7 @@ def _parse_line(line: str, spaces: SpaceCache) -> Measurement:
     return Measurement(
         uid=uid[:64], job_task_id=None, config_index=config.index, config=config.to_json(),
         template=template, template_version=version,
-        workload_key=spaces.get(template, workload)[1].key, target=_text(record, "target", 255),
+        workload_key=decoded.workload.key, target=_text(record, "target", 255),
         device_key=_text(record, "device_key", 255) if record.get("device_key") else None,
         state=MeasurementState.DONE, attempts=0,
         costs=list(result.costs), mean_cost=result.mean_cost if result.ok else None,

@@ -23,6 +23,7 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
+from schedule_templates.protocol import Report
 from schedule_templates.records import MeasureResult
 from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow
@@ -31,7 +32,6 @@ from tuner_service.db.states import MeasurementState
 from tuner_service.jobs.results import (
     CONFIRM,
     STORED_RESULTS_INFO,
-    Measured,
     update_tuning_log,
 )
 
@@ -40,17 +40,6 @@ TIMING_PARTS = ("wait_s", "claim_s", "build_s", "check_s", "measure_s", "report_
 
 EXPIRED = "the lease expired before the result arrived; it is measured again"
 NOT_LEASED = "this worker holds no lease on the measurement"
-
-
-@dataclasses.dataclass(frozen=True)
-class Reported:
-    """One decoded result of a worker's report."""
-
-    measure_id: int
-    result: MeasureResult
-    peak_gflops: float | None = None
-    device: Measured = dataclasses.field(default_factory=Measured)
-    timings: dict[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,28 +57,29 @@ class _Row:
 
 
 def store_reported(session: Session, worker_id: int, device_key: str,
-                   reported: Sequence[Reported]) -> list[tuple[str, str]]:
+                   reported: Sequence[Report]) -> list[tuple[str, str]]:
     """(status, reason) of each reported result, in order: accepted, duplicate, expired,
     not_leased_by_you or unknown. A measure id reported twice in one batch counts once (the
     second is a duplicate)."""
-    rows = _lock_rows(session, sorted({r.measure_id for r in reported}))
+    ids = [int(r.measure_id) for r in reported]  # the server's ids (``ResultIn``) are integers
+    rows = _lock_rows(session, sorted(set(ids)))
     statuses: list[tuple[str, str]] = []
     seen: set[int] = set()
-    accepted: list[Reported] = []
-    for item in reported:
-        status = ("duplicate", "") if item.measure_id in seen else \
-            _judge(rows.get(item.measure_id), worker_id, device_key)
-        seen.add(item.measure_id)
+    accepted: list[tuple[_Row, Report]] = []
+    for measure_id, item in zip(ids, reported, strict=True):
+        status = ("duplicate", "") if measure_id in seen else \
+            _judge(rows.get(measure_id), worker_id, device_key)
+        seen.add(measure_id)
         statuses.append(status)
         if status[0] == "accepted":
-            accepted.append(item)
+            accepted.append((rows[measure_id], item))
     if accepted:
-        _finish(session, worker_id, accepted)
-        _count_trials(session, [(rows[r.measure_id], r.result) for r in accepted])
-        _log_unattached(session, [r.measure_id for r in accepted
-                                  if rows[r.measure_id].job_task_id is None and r.result.ok])
+        _finish(session, worker_id, [item for _row, item in accepted])
+        _count_trials(session, [(row, item.result) for row, item in accepted])
+        _log_unattached(session, [row.id for row, item in accepted
+                                  if row.job_task_id is None and item.result.ok])
         session.info.setdefault(STORED_RESULTS_INFO, []).extend(
-            int(r.result.error) for r in accepted)
+            int(item.result.error) for _row, item in accepted)
     return statuses
 
 
@@ -120,7 +110,7 @@ def _judge(row: _Row | None, worker_id: int, device_key: str) -> tuple[str, str]
     return "not_leased_by_you", NOT_LEASED
 
 
-def _finish(session: Session, worker_id: int, accepted: Sequence[Reported]) -> None:
+def _finish(session: Session, worker_id: int, accepted: Sequence[Report]) -> None:
     """One UPDATE statement executed for every accepted result (executemany)."""
     table = cast(Table, Measurement.__table__)
     columns = ("costs", "mean_cost", "error_kind", "error_message", "compile_time_s",
@@ -140,9 +130,9 @@ def _finish(session: Session, worker_id: int, accepted: Sequence[Reported]) -> N
             "mean_cost": result.mean_cost if ok else None, "error_kind": int(result.error),
             "error_message": result.error_message, "compile_time_s": result.compile_time_s,
             "wall_time_s": result.wall_time_s, "peak_gflops": item.peak_gflops,
-            "device_class": item.device.device_class, "threads": item.device.threads,
+            "device_class": item.device_class, "threads": item.threads,
             "noisy": result.noisy if ok else None, "load": result.load,
-            "timings": item.timings,
+            "timings": dict(item.timings) if item.timings else None,
         }
         params.append({f"m_{k}": v for k, v in values.items()})
     session.execute(stmt, params)

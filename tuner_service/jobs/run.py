@@ -30,11 +30,12 @@ from schedule_templates.space import ConfigSpace
 from schedule_templates.workloads import parse_workload
 from tuner_service.db.bulk import ids_in, insert_rows
 from tuner_service.db.clock import utcnow
-from tuner_service.db.models import Job, JobTask, Measurement, Task, Worker
+from tuner_service.db.models import Job, JobTask, Measurement, Task
 from tuner_service.db.states import MEASUREMENT_PENDING, JobStatus, MeasurementState, TaskStatus
 from tuner_service.jobs import confirm
 from tuner_service.jobs.confirm import ConfirmPolicy
 from tuner_service.jobs.device import DeviceQuery
+from tuner_service.jobs.queue import serving_workers
 from tuner_service.jobs.results import CONFIRM, measurement_result
 from tuner_service.jobs.scheduler import TaskLoad, TaskScheduler, best_curve
 from tuner_service.jobs.seeds import known_device, seed_configs, take_seeds
@@ -356,11 +357,10 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
 
 
 def _reported_gpu(session: Session, job: Job) -> dict[str, Any] | None:
-    """The ``gpu`` facts the latest worker of the job's device (or target) registered with."""
-    query = select(Worker.hardware).order_by(Worker.last_heartbeat.desc().nulls_last(),
-                                             Worker.id.desc()).limit(1)
-    query = (query.where(Worker.device_key == job.device_key) if job.device_key
-             else query.where(Worker.target == job.target))
-    hardware = session.scalars(query).first() or {}
+    """The ``gpu`` facts the latest worker serving the job (its device key and target, as
+    ``Target.serves`` matches them: a ``cuda`` job is served by ``cuda -arch=sm_90``)
+    registered with."""
+    serving = serving_workers(session, job.target, job.device_key)
+    hardware = serving[0].hardware if serving else {}
     gpu = hardware.get("gpu") if isinstance(hardware, dict) else None
     return gpu if isinstance(gpu, dict) else None

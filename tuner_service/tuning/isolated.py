@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import MeasureOptions, MeasureResult
 from schedule_templates.space import Config
 
@@ -16,9 +17,10 @@ class IsolatedMeasure:
         from workers.backends import BackendSpec
         from workers.measure import IsolatedMeasurer
 
-        self._key, self._template, self._target, self._threads = key, template, target, threads
+        self._key, self._template, self._threads = key, template, threads
         self._options = options
-        self._measurer = IsolatedMeasurer(BackendSpec(target.split()[0]), parallel_build=1)
+        self._target = Target.parse(target)
+        self._measurer = IsolatedMeasurer(BackendSpec(self._target.kind), parallel_build=1)
         self._next_id = 0
 
     def __enter__(self) -> IsolatedMeasure:
@@ -31,12 +33,11 @@ class IsolatedMeasure:
         self._measurer.close()
 
     def __call__(self, configs: Sequence[Config]) -> list[MeasureResult]:
-        from workers.task import MeasureTask
-
         tasks = []
         for config in configs:
             self._next_id += 1
-            tasks.append(MeasureTask(self._next_id, self._template, self._key, self._target,
-                                     config.to_json(), self._options, self._threads))
+            candidate = Candidate(self._template, self._key, config.to_json())
+            tasks.append(ClaimItem(self._next_id, candidate, self._target, self._options,
+                                   self._threads))
         results = {t.measure_id: r for t, r in self._measurer.measure_many(tasks)}
         return [results[t.measure_id] for t in tasks]

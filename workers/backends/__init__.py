@@ -13,7 +13,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from workers.backends.base import Backend, BoundKernel, Resolved, resolve
+from workers.backends.base import Backend, BoundKernel, Decoded, resolve
 from workers.errors import BackendError, WorkerError
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ __all__ = [
     "Backend",
     "BackendSpec",
     "BoundKernel",
-    "Resolved",
+    "Decoded",
     "accelerator_facts",
     "backend_class",
     "backend_names",

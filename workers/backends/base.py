@@ -7,7 +7,6 @@ Backends are created inside the measuring process (a pool child), from a picklab
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from abc import ABC, abstractmethod
@@ -17,15 +16,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from schedule_templates.errors import InvalidConfigError
+from schedule_templates.protocol import ClaimItem, Decoded
 from schedule_templates.records import MeasureOptions
-from schedule_templates.workloads import Workload, parse_workload
 from workers.compile_cache import CompileKey
 from workers.hardware import llc_bytes
-from workers.task import MeasureTask
 
 if TYPE_CHECKING:
-    from schedule_templates.space import Config
-    from schedule_templates.templates.base import Template
+    from schedule_templates.workloads import Workload
 
 
 class BoundKernel(Protocol):
@@ -46,15 +43,6 @@ class BoundKernel(Protocol):
     def close(self) -> None: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class Resolved:
-    """A task checked against the worker's own templates."""
-
-    workload: Workload
-    template: Template
-    config: Config
-
-
 class Backend(ABC):
     """Turns a task into timed costs. Expected failures raise the ``schedule_templates`` errors
     (InvalidConfigError -> instantiation, CodegenError -> compile); the runner classifies them."""
@@ -64,15 +52,15 @@ class Backend(ABC):
     #: that the machine is quiet around them (``workers.measure.hygiene``); a simulation is not
     probes_quiet: ClassVar[bool] = True
 
-    def check(self, task: MeasureTask) -> Resolved | None:
+    def check(self, task: ClaimItem) -> Decoded | None:
         """Validate the task against its template's space before anything is built."""
         return resolve(task)
 
     @abstractmethod
-    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
+    def compile(self, task: ClaimItem, resolved: Decoded | None) -> BoundKernel:
         """Build the kernel and bind it to fresh inputs (packing constants is untimed)."""
 
-    def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
+    def compile_cached(self, task: ClaimItem, resolved: Decoded | None, code: bytes | None
                        ) -> tuple[BoundKernel, bytes | None]:
         """``compile``, loading ``code`` (the worker's cached build of this task) when given;
         returns the kernel and freshly built code for the cache (None: nothing to keep). By
@@ -80,7 +68,7 @@ class Backend(ABC):
         return self.compile(task, resolved), None
 
     @classmethod
-    def cache_key(cls, task: MeasureTask, options: Mapping[str, Any]) -> CompileKey | None:
+    def cache_key(cls, task: ClaimItem, options: Mapping[str, Any]) -> CompileKey | None:
         """The key of this task's built code in the worker's compile cache, or None when it is
         not cached. Called in the worker's main process, without creating the backend."""
         return None
@@ -118,30 +106,16 @@ class Backend(ABC):
         """Free what the backend holds across tasks (nothing by default)."""
 
 
-def resolve(task: MeasureTask) -> Resolved:
-    """Parse the workload, find the template, and decode and check the config."""
-    # Imported here: the template registry pulls in the code generators' modules.
-    from schedule_templates.templates.base import target_kind, template_by_name
-
-    workload = parse_workload(task.workload)
-    template = template_by_name(task.template)
-    if workload.op != template.op:
+def resolve(task: ClaimItem) -> Decoded:
+    """Decode the task's candidate against this worker's templates (the worker's one check of
+    what the server sent) and refuse a template that generates code for another target."""
+    decoded = task.candidate.decode()
+    if task.target.kind != decoded.template.target_kind:
         raise InvalidConfigError(
-            f"template {template.name} handles {template.op}, not {workload.op}"
+            f"template {decoded.template.name} generates {decoded.template.target_kind} code, "
+            f"not {str(task.target)!r}"
         )
-    if task.template_version is not None and task.template_version != template.version:
-        raise InvalidConfigError(
-            f"template {template.name} is version {template.version} on this worker, "
-            f"the server asked for version {task.template_version}"
-        )
-    if target_kind(task.target) != template.target_kind:
-        raise InvalidConfigError(
-            f"template {template.name} generates {template.target_kind} code, "
-            f"not {task.target!r}"
-        )
-    config = template.space(workload).from_json(task.config)
-    template.check(workload, config)
-    return Resolved(workload, template, config)
+    return decoded
 
 
 def reduction_length(workload: Workload) -> int:

@@ -19,11 +19,11 @@ import numpy as np
 
 from schedule_templates.codegen.cuda_c import CudaKernel, generate_cuda
 from schedule_templates.errors import DeviceCompileError, InvalidConfigError
+from schedule_templates.protocol import ClaimItem, Decoded, Target
 from schedule_templates.records import MeasureOptions
-from workers.backends.base import Backend, BoundKernel, Resolved, reduction_length, resolve
+from workers.backends.base import Backend, BoundKernel, reduction_length, resolve
 from workers.backends.llvm import INPUT_SEED
 from workers.errors import BackendError
-from workers.task import MeasureTask
 
 logger = logging.getLogger(__name__)
 
@@ -73,20 +73,15 @@ def gpu_facts(ordinal: int = 0) -> dict[str, Any]:
     return device_facts(import_driver(), ordinal)
 
 
-def target_for(facts: dict[str, Any]) -> str:
-    return f"cuda -arch={facts['compute_capability']}"
-
-
-def target_arch(target: str) -> str | None:
-    """``cuda -arch=sm_90`` -> ``sm_90`` (None when the target names no architecture)."""
-    for token in target.split()[1:]:
-        if token.startswith("-arch="):
-            return token.split("=", 1)[1]
-    return None
+def target_for(facts: dict[str, Any], target: Target | None = None) -> Target:
+    """``target`` (``cuda`` when None) with this GPU's architecture: a CUDA worker resolves it
+    from its device when it starts, so its records name the architecture they were measured
+    on; a job's target usually names none (``Target.serves`` matches the two)."""
+    return (target or Target("cuda")).with_option("-arch", str(facts["compute_capability"]))
 
 
 class _Operands:
-    def __init__(self, resolved: Resolved) -> None:
+    def __init__(self, resolved: Decoded) -> None:
         self.workload = resolved.workload
         self.inputs = resolved.workload.make_inputs(INPUT_SEED)
         self._reference: np.ndarray | None = None
@@ -147,10 +142,10 @@ class CudaBackend(Backend):
         self._operands: collections.OrderedDict[str, _Operands] = collections.OrderedDict()
         self._cached_workloads = max(1, cached_workloads)
 
-    def check(self, task: MeasureTask) -> Resolved:
+    def check(self, task: ClaimItem) -> Decoded:
         """The common checks, then this GPU's own limits and architecture."""
         resolved = resolve(task)
-        arch = target_arch(task.target)
+        arch = task.target.option("-arch")
         if arch is not None and arch != self.arch:
             raise InvalidConfigError(f"the task targets {arch}, this GPU is {self.arch}")
         space = resolved.template.space(resolved.workload, self.facts)
@@ -159,7 +154,7 @@ class CudaBackend(Backend):
                 f"config {resolved.config.index} exceeds the limits of {self.facts['name']}")
         return resolved
 
-    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
+    def compile(self, task: ClaimItem, resolved: Decoded | None) -> BoundKernel:
         if resolved is None:
             resolved = self.check(task)
         kernel = resolved.template.lower(resolved.workload, resolved.config)
@@ -240,7 +235,7 @@ class CudaBackend(Backend):
         except CompileError as e:
             raise DeviceCompileError(f"nvcc failed for {cuda.name}: {e}") from e
 
-    def _operands_for(self, resolved: Resolved) -> _Operands:
+    def _operands_for(self, resolved: Decoded) -> _Operands:
         key = resolved.workload.key
         found = self._operands.pop(key, None) or _Operands(resolved)
         self._operands[key] = found

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from schedule_templates.errors import CodegenError, InvalidConfigError
+from schedule_templates.protocol import ClaimItem
 from schedule_templates.records import MeasureOptions
 from schedule_templates.workloads import parse_workload
-from workers.backends.base import Backend, BoundKernel, Resolved, resolve
-from workers.task import MeasureTask
+from workers.backends.base import Backend, BoundKernel, Decoded, resolve
 
 #: ``poison`` raises like ``runtime_error`` and leaves the backend unusable (a GPU launch fault)
 FAULT_MODES = ("invalid", "compile_error", "runtime_error", "wrong", "exit", "segfault",
@@ -80,14 +80,14 @@ class FakeBackend(Backend):
     def healthy(self) -> bool:
         return not self._poisoned
 
-    def check(self, task: MeasureTask) -> Resolved | None:
+    def check(self, task: ClaimItem) -> Decoded | None:
         resolved = resolve(task) if self.validate else None
-        parse_workload(task.workload)
+        parse_workload(task.candidate.workload)
         if self.mode(task, resolved) == "invalid":
             raise InvalidConfigError(f"fake: config {config_index(task, resolved)} is invalid")
         return resolved
 
-    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
+    def compile(self, task: ClaimItem, resolved: Decoded | None) -> BoundKernel:
         mode = self.mode(task, resolved)
         if mode == "hang_build":
             time.sleep(HANG_S)
@@ -95,7 +95,7 @@ class FakeBackend(Backend):
             raise CodegenError(f"fake: config {config_index(task, resolved)} does not compile")
         self._sleep_building(self.compile_s)
         self._poisoned = self._poisoned or mode == "poison"
-        workload = parse_workload(task.workload)
+        workload = resolved.workload if resolved else parse_workload(task.candidate.workload)
         rng = self._rng(task, resolved)
         gflops = self.peak_gflops * max(1e-3, float(rng.uniform()) ** 2)
         return FakeKernel(mode, workload.flops() / (gflops * 1e9), rng)
@@ -127,7 +127,7 @@ class FakeBackend(Backend):
     def measure_peak(self, threads: int) -> float | None:
         return self.peak_gflops * threads
 
-    def mode(self, task: MeasureTask, resolved: Resolved | None) -> str:
+    def mode(self, task: ClaimItem, resolved: Decoded | None) -> str:
         index = config_index(task, resolved)
         if index in self.faults:
             return self.faults[index]
@@ -138,19 +138,19 @@ class FakeBackend(Backend):
                 return mode
         return "ok"
 
-    def _rng(self, task: MeasureTask, resolved: Resolved | None, stream: int = 0
+    def _rng(self, task: ClaimItem, resolved: Decoded | None, stream: int = 0
              ) -> np.random.Generator:
-        workload = zlib.crc32(task.workload.encode())
+        workload = zlib.crc32(task.candidate.workload.encode())
         return np.random.default_rng([self.seed, workload, config_index(task, resolved), stream])
 
 
-def config_index(task: MeasureTask, resolved: Resolved | None) -> int:
+def config_index(task: ClaimItem, resolved: Decoded | None) -> int:
     if resolved is not None:
         return resolved.config.index
-    index = task.config.get("index")
-    if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+    index = task.candidate.index
+    if index is not None and index >= 0:
         return index
-    return zlib.crc32(json.dumps(task.config, sort_keys=True).encode())
+    return zlib.crc32(json.dumps(dict(task.candidate.config), sort_keys=True).encode())
 
 
 class FakeKernel:

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from schedule_templates.errors import InvalidConfigError
+from schedule_templates.protocol import ClaimItem
 from schedule_templates.workloads import Workload
-from workers.backends.base import Backend, BoundKernel, Resolved, reduction_length, resolve
+from workers.backends.base import Backend, BoundKernel, Decoded, reduction_length, resolve
 from workers.compile_cache import CompileKey
 from workers.errors import BackendError
-from workers.task import MeasureTask
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class LlvmBackend(Backend):
         self._operands: collections.OrderedDict[str, _Operands] = collections.OrderedDict()
         self._cached_workloads = max(1, cached_workloads)
 
-    def compile(self, task: MeasureTask, resolved: Resolved | None) -> BoundKernel:
+    def compile(self, task: ClaimItem, resolved: Decoded | None) -> BoundKernel:
         try:
             from schedule_templates.runtime import build
         except ImportError as e:
@@ -86,7 +86,7 @@ class LlvmBackend(Backend):
         if resolved is None:
             resolved = resolve(task)
         artifact = build(resolved.workload, resolved.template, resolved.config,
-                         target=task.target, threads=task.threads)
+                         target=str(task.target), threads=task.threads)
         return self._bind(artifact, resolved.workload)
 
     def _bind(self, artifact: Any, workload: Workload) -> _LlvmKernel:
@@ -98,17 +98,18 @@ class LlvmBackend(Backend):
             raise
         return _LlvmKernel(artifact, prepared, operands)
 
-    def compile_cached(self, task: MeasureTask, resolved: Resolved | None, code: bytes | None
+    def compile_cached(self, task: ClaimItem, resolved: Decoded | None, code: bytes | None
                        ) -> tuple[BoundKernel, bytes | None]:
         try:
             from schedule_templates.codegen.llvm_jit import CompiledKernel, jit_object
-            from schedule_templates.runtime import Artifact, host_module, lower
+            from schedule_templates.runtime import Artifact, host_module
         except ImportError as e:
             raise BackendError(f"the llvm backend needs llvmlite and the runtime: {e}") from e
         if resolved is None:
             resolved = resolve(task)
         workload, template, config = resolved.workload, resolved.template, resolved.config
-        kernel = lower(workload, template, config)  # cheap; the object code names no buffers
+        # checked when decoded; cheap, and the object code names no buffers
+        kernel = template.lower(workload, config)
         fresh = None
         if code is None:
             code = fresh = jit_object(host_module(kernel))  # refuses a CPU lacking VNNI etc.
@@ -118,17 +119,19 @@ class LlvmBackend(Backend):
         return self._bind(artifact, workload), fresh
 
     @classmethod
-    def cache_key(cls, task: MeasureTask, options: Mapping[str, Any]) -> CompileKey | None:
+    def cache_key(cls, task: ClaimItem, options: Mapping[str, Any]) -> CompileKey | None:
         from schedule_templates.templates.base import template_by_name
 
+        candidate = task.candidate
         try:
-            template = template_by_name(task.template)
+            template = template_by_name(candidate.template)
         except InvalidConfigError:
             return None  # the measuring child reports it
-        if task.template_version not in (None, template.version):
+        if candidate.template_version not in (None, template.version):
             return None
-        return CompileKey(template.name, template.version, task.workload,
-                          CompileKey.canonical_config(task.config), task.target, host_cpu_id())
+        return CompileKey(template.name, template.version, candidate.workload,
+                          CompileKey.canonical_config(dict(candidate.config)), str(task.target),
+                          host_cpu_id())
 
     def measure_peak(self, threads: int) -> float | None:
         from schedule_templates.peak import measure_peak_gflops

@@ -17,11 +17,11 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from schedule_templates.protocol import ClaimItem
 from schedule_templates.records import ErrorKind, MeasureResult
 from workers.backends import Backend, BackendSpec, create_backend
 from workers.measure.hygiene import QuietGauge
 from workers.measure.runner import Phase, measure_task
-from workers.task import MeasureTask
 from workers.timings import StageTimes
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def child_main(conn: Connection, spec: BackendSpec) -> None:
         backend.close()
 
 
-def _measure(backend: Backend, task: MeasureTask, code: bytes | None, conn: Connection,
+def _measure(backend: Backend, task: ClaimItem, code: bytes | None, conn: Connection,
              gauge: QuietGauge | None, marks: dict[str, float]) -> MeasureResult:
     def on_phase(phase: Phase) -> None:
         marks[phase.value] = time.perf_counter()

@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
+from schedule_templates.protocol import ClaimItem
 from schedule_templates.records import ErrorKind, MeasureResult
 from workers.backends import BackendSpec, backend_class, create_backend
 from workers.compile_cache import CompileCache, CompileKey
@@ -43,7 +44,6 @@ from workers.errors import WorkerError
 from workers.measure.child import GO, RETIRE, STOP, child_main
 from workers.measure.cores import CoreLayout, pin
 from workers.measure.runner import Phase
-from workers.task import MeasureTask
 from workers.timings import StageTimes
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Measured(NamedTuple):
     and the queue part of ``wait_s`` are the caller's to add) and when it was dispatched
     (``time.monotonic()``)."""
 
-    task: MeasureTask
+    task: ClaimItem
     result: MeasureResult
     times: StageTimes
     dispatched: float
@@ -77,7 +77,7 @@ class _Slot:
     process: BaseProcess | None = None
     conn: Connection | None = None
     tasks_done: int = 0
-    task: MeasureTask | None = None
+    task: ClaimItem | None = None
     phase: Phase | None = None
     granted: bool = False  # holds the timing phase
     started: float = 0.0
@@ -134,14 +134,14 @@ class IsolatedMeasurer:
         """Measuring processes (builders, and in a pipeline one more that times)."""
         return len(self._slots)
 
-    def measure(self, task: MeasureTask) -> MeasureResult:
+    def measure(self, task: ClaimItem) -> MeasureResult:
         for _task, result in self.measure_many([task]):
             return result
         raise WorkerError("the measurer returned no result")  # only if stopped before start
 
-    def measure_many(self, tasks: Iterable[MeasureTask],
+    def measure_many(self, tasks: Iterable[ClaimItem],
                      should_stop: Callable[[], bool] | None = None
-                     ) -> Iterator[tuple[MeasureTask, MeasureResult]]:
+                     ) -> Iterator[tuple[ClaimItem, MeasureResult]]:
         """Yield (task, result) as candidates finish. Once ``should_stop()`` is true no new
         candidate starts; those in flight finish (within their timeouts)."""
         pending = deque(tasks)
@@ -149,7 +149,7 @@ class IsolatedMeasurer:
                                             should_stop):
             yield measured.task, measured.result
 
-    def measure_stream(self, next_task: Callable[[], MeasureTask | None],
+    def measure_stream(self, next_task: Callable[[], ClaimItem | None],
                        should_stop: Callable[[], bool] | None = None) -> Iterator[Measured]:
         """Measure what ``next_task()`` hands out (it must not block; None: nothing now) until
         it has nothing and nothing is in flight, or ``should_stop()``: then no new candidate
@@ -175,7 +175,7 @@ class IsolatedMeasurer:
 
     # -- scheduling ----------------------------------------------------------------------------
 
-    def _schedule(self, next_task: Callable[[], MeasureTask | None]) -> None:
+    def _schedule(self, next_task: Callable[[], ClaimItem | None]) -> None:
         timing = self._timing_slot()
         waiting = [slot for slot in self._slots if slot.waiting_for_go]
         if timing is None and waiting:
@@ -227,7 +227,7 @@ class IsolatedMeasurer:
         self._apply_affinity()  # before "go": nothing else may be left on the timing cores
         self._send(slot, GO)
 
-    def _dispatch(self, slot: _Slot, task: MeasureTask) -> None:
+    def _dispatch(self, slot: _Slot, task: ClaimItem) -> None:
         if slot.process is None:
             self._start_child(slot)
         slot.task, slot.phase, slot.granted = task, Phase.COMPILE, False
@@ -387,7 +387,7 @@ def _child_environment(values: dict[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def _nothing() -> MeasureTask | None:
+def _nothing() -> ClaimItem | None:
     return None
 
 

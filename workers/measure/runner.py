@@ -22,10 +22,10 @@ from schedule_templates.errors import (
     InvalidWorkloadError,
     ScheduleError,
 )
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import ErrorKind, MeasureOptions, MeasureResult
 from workers.backends import Backend, BackendSpec, BoundKernel, create_backend
 from workers.measure.hygiene import QuietGauge
-from workers.task import MeasureTask
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +49,17 @@ PhaseHook = Callable[[Phase], None]
 def measure_candidate(workload_key: str, template_name: str, config_json: dict[str, Any],
                       target: str, options: MeasureOptions, threads: int) -> MeasureResult:
     """Measure one config in this process with the backend that ``target`` names (``llvm``)."""
-    backend = create_backend(BackendSpec(target.split()[0] if target.strip() else "llvm"))
-    task = MeasureTask(measure_id=0, template=template_name, workload=workload_key,
-                       target=target, config=config_json, options=options, threads=threads)
+    parsed = Target.parse(target or "llvm")
+    backend = create_backend(BackendSpec(parsed.kind))
+    task = ClaimItem(0, Candidate(template_name, workload_key, config_json), parsed, options,
+                     threads)
     try:
         return measure_task(backend, task, gauge=QuietGauge() if backend.probes_quiet else None)
     finally:
         backend.close()
 
 
-def measure_task(backend: Backend, task: MeasureTask, on_phase: PhaseHook | None = None,
+def measure_task(backend: Backend, task: ClaimItem, on_phase: PhaseHook | None = None,
                  gauge: QuietGauge | None = None, code: bytes | None = None,
                  on_code: Callable[[bytes], None] | None = None) -> MeasureResult:
     """Check, compile, verify and time one task; ``on_phase`` is told before each phase (its

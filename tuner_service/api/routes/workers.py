@@ -14,7 +14,6 @@ from tuner_service.api.deps import (
     DriverDep,
     SessionDep,
     SettingsDep,
-    SpacesDep,
     UserReader,
     WorkerDep,
     WorkerToken,
@@ -33,8 +32,6 @@ from tuner_service.api.schemas import (
 )
 from tuner_service.errors import ForbiddenError
 from tuner_service.jobs import log, queue
-from tuner_service.jobs.reports import Reported
-from tuner_service.jobs.results import Measured
 
 router = APIRouter(tags=["workers"])
 
@@ -75,7 +72,6 @@ async def post_claim(
     worker: WorkerDep,
     db: DbDep,
     settings: SettingsDep,
-    spaces: SpacesDep,
     driver: DriverDep,
 ) -> ClaimAnswer:
     """Long-poll: try at once, then every 0.2 s until items arrive or ``wait_s`` passes.
@@ -85,12 +81,12 @@ async def post_claim(
     options = settings.measure_options().to_json()
     while True:
         items = await run_in_threadpool(queue.claim_batch, db, worker, max_items,
-                                        settings.lease_s, options, spaces)
+                                        settings.lease_s, options)
         if len(items) < max_items and driver is not None:
             driver.wake()  # the queue ran short: refill it now, not at the next interval
         left = deadline - time.monotonic()
         if items or left <= 0:
-            return ClaimAnswer(items=items)
+            return ClaimAnswer.of(items)
         await asyncio.sleep(min(POLL_S, left))
 
 
@@ -103,10 +99,7 @@ def post_results(
 ) -> dict[str, Any]:
     # one transaction for the whole batch (``jobs.reports``), its rows locked in id order;
     # retried if PostgreSQL still picks it as a deadlock victim
-    reported = sorted((Reported(r.measure_id, r.to_result(), r.peak_gflops,
-                                Measured(r.device_class, r.threads),
-                                r.timings.to_json() if r.timings else None)
-                       for r in body.results), key=lambda item: item.measure_id)
+    reported = sorted((r.to_report() for r in body.results), key=lambda item: item.measure_id)
     problems = {r.measure_id: r.invalid for r in body.results if r.invalid}
     answer = db.run(lambda session: queue.report_results(session, worker, reported, problems))
     if driver is not None and answer["accepted"]:

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from schedule_templates.errors import ScheduleError
+from schedule_templates.protocol import Target
 from schedule_templates.records import ErrorKind
 from schedule_templates.space import Config
-from schedule_templates.templates.base import Template, target_kind
+from schedule_templates.templates.base import Template
 from schedule_templates.workloads import Workload, parse_workload
 from tuner_service.compiler.deploy.errors import ConfigSourceError
 
@@ -74,7 +75,7 @@ class ConfigBook:
         return len(self._best)
 
     def add(self, entry: TunedEntry) -> None:
-        if entry.target and target_kind(entry.target) != target_kind(self.target):
+        if entry.target and Target.parse(entry.target).kind != Target.parse(self.target).kind:
             return
         known = self._best.get(entry.workload)
         if known is None or entry.mean_cost < known.mean_cost:

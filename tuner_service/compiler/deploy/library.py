@@ -42,9 +42,10 @@ from schedule_templates.codegen.llvm_jit import emit_object, host_features
 from schedule_templates.errors import ScheduleError
 from schedule_templates.ir.nodes import Kernel
 from schedule_templates.ops.base import GeneratedOp
+from schedule_templates.protocol import Target
 from schedule_templates.runtime import lower
 from schedule_templates.space import Config
-from schedule_templates.templates.base import Template, get_template, target_kind
+from schedule_templates.templates.base import Template, get_template
 from schedule_templates.workloads import Workload
 from tuner_service.compiler.deploy.configs import Choice, ConfigBook
 from tuner_service.compiler.deploy.errors import BuildError
@@ -109,7 +110,7 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     chains, pooling, softmax, ...) into the library too; without it they run in numpy.
     ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``)."""
     check_layout(layout, generated)
-    if target_kind(target) != "llvm":
+    if Target.parse(target).kind != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
     tuned_threads = book.threads
     threads = default_threads(threads, tuned_threads)
