@@ -5,9 +5,11 @@
 
 Prints one JSON object per workload, then a summary object. Baselines run in fresh processes
 with the same thread count; the peak is our own generated FMA loop on the same threads.
-On the CPU, each dense row also tunes the same shape in int8 (VNNI, u8 x s8, requantized to u8)
-and bf16 (fp32 accumulation) and reports them against our fp32 kernel (``--no-lowp`` skips;
-shapes the low-precision layouts cannot take, N not a multiple of 16, get no such columns).
+On the CPU, each dense row also tunes the same shape in int8 (u8 x s8, requantized to u8: VNNI
+where the host has it, vpmaddwd on AVX2) and bf16 (fp32 accumulation; hosts with AVX-512 BF16
+only), and each convolution row (conv2d, group and depthwise) its ``conv2d_int8`` twin, and
+reports them against our fp32 kernel (``--no-lowp`` skips; shapes a low-precision layout cannot
+take get a ``*_skipped`` reason instead).
 """
 
 from __future__ import annotations
@@ -29,11 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workloads import ALL, MOBILENET_V2_DEPTHWISE, RESNET18_CONVS
 
+from schedule_templates.codegen.llvm_jit import host_features
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.peak import measure_peak_gflops
 from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import get_template
-from schedule_templates.workloads import Dense, parse_workload
+from schedule_templates.workloads import (
+    Conv2d,
+    Conv2dInt8,
+    Dense,
+    DepthwiseConv2d,
+    GroupConv2d,
+    parse_workload,
+)
 from tuner_service.tuners import make_tuner
 from tuner_service.tuning.isolated import IsolatedMeasure
 from tuner_service.tuning.local_loop import best_trial, tune
@@ -56,7 +66,7 @@ def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
              target: str = "llvm") -> dict[str, Any]:
     workload = parse_workload(key)
     template = get_template(workload.op, target)
-    tuner = make_tuner(tuner_name, workload, template.space(workload), seed)
+    tuner = make_tuner(tuner_name, workload, template.space(workload), seed, template=template)
     options = MeasureOptions(number=1, repeat=3, min_repeat_ms=40.0)
     start = time.perf_counter()
     with IsolatedMeasure(key, template.name, target, threads, options) as measure:
@@ -73,23 +83,45 @@ def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
     }
 
 
+def low_precision_keys(key: str) -> dict[str, str]:
+    """column -> the low-precision twin of a plain fp32 key: int8 and bf16 for dense, int8
+    for every convolution (same geometry, groups carried over); none for the rest."""
+    workload = parse_workload(key)
+    if workload.epilogue_spec:
+        return {}
+    if isinstance(workload, Dense):
+        shape = f"M={workload.M},N={workload.N},K={workload.K}"
+        return {"int8": f"dense_int8:{shape}", "bf16": f"dense_bf16:{shape}"}
+    if isinstance(workload, Conv2d | GroupConv2d | DepthwiseConv2d):
+        groups = (workload.C if isinstance(workload, DepthwiseConv2d)
+                  else getattr(workload, "groups", 1))
+        channels = (workload.C * workload.multiplier if isinstance(workload, DepthwiseConv2d)
+                    else workload.K)
+        int8 = Conv2dInt8(workload.N, workload.C, workload.H, workload.W, workload.R,
+                          workload.S, workload.stride, workload.pad, workload.dilation,
+                          K=channels, groups=groups)
+        return {"int8": int8.key}
+    return {}
+
+
 def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int
                   ) -> dict[str, Any]:
-    """int8 and bf16 columns for a plain dense key: tuned and default throughput (int8 in
-    integer operations per second, counted like FLOPs) and the ratio to fp32 tuned."""
-    workload = parse_workload(key)
-    if not isinstance(workload, Dense) or workload.epilogue_spec:
-        return {}
-    shape = f"M={workload.M},N={workload.N},K={workload.K}"
+    """int8 and bf16 columns for a plain key (``low_precision_keys``): tuned and default
+    throughput (int8 in integer operations per second, counted like FLOPs)."""
     row: dict[str, Any] = {}
-    for column, op in (("int8", "dense_int8"), ("bf16", "dense_bf16")):
-        lowp_key = f"{op}:{shape}"
+    features = set(host_features().split(","))
+    for column, lowp_key in low_precision_keys(key).items():
+        if column == "bf16" and "+avx512bf16" not in features:
+            row[f"{column}_skipped"] = "this host lacks AVX-512 BF16"
+            continue
+        op = lowp_key.partition(":")[0]
         try:
             get_template(op).space(parse_workload(lowp_key))
         except InvalidWorkloadError as e:
             row[f"{column}_skipped"] = str(e)
             continue
         result = tune_one(lowp_key, threads, trials, tuner_name, seed)
+        row[f"{column}_workload"] = lowp_key
         row[f"{column}_tuned_gops"] = result["tuned_gflops"]
         row[f"{column}_default_gops"] = result["default_gflops"]
         row[f"{column}_best_config"] = result["best_config"]
@@ -118,7 +150,7 @@ def main() -> None:
     parser.add_argument("--only", help="substring filter on workload keys")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     parser.add_argument("--no-lowp", action="store_true",
-                        help="skip the int8 and bf16 columns of dense rows")
+                        help="skip the int8 and bf16 columns of dense and convolution rows")
     args = parser.parse_args()
     trials = args.trials or (12 if args.quick else 64)
     gpu = args.target.startswith("cuda")

@@ -167,7 +167,8 @@ def test_word_rows_pack_values_little_end_first_and_zero_pad(inst):
 
 
 @pytest.mark.parametrize("key", ["dense_int8:M=5,N=33,K=13,out=s8",
-                                 "dense_int8:M=4,N=32,K=64,bias=s32"])
+                                 "dense_int8:M=4,N=32,K=64,bias=s32",
+                                 "conv2d_int8:N=1,C=6,H=9,W=8,K=16,R=3,S=3,stride=2,pad=1"])
 def test_vnni_kernels_compile_for_a_vnni_cpu(monkeypatch, key):
     """Where this host cannot run VNNI, its kernels (padding stages included) still compile for
     a CPU that has it, to vpdpbusd."""
