@@ -4,6 +4,7 @@ the outputs equal onnxruntime's and the plain build's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tuner_service.compiler.deploy.errors import BuildError
 from tuner_service.compiler.deploy.executor import ModelRunner
 from tuner_service.compiler.deploy.generated_step import GeneratedStep
 from tuner_service.compiler.deploy.layout import host_block
+from tuner_service.compiler.deploy.layout_choice import build_with_layout
 from tuner_service.compiler.deploy.library import build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
 
@@ -96,3 +98,30 @@ def test_bad_layout_options_are_refused(tmp_path: Path) -> None:
         build_library(_model(), ConfigBook(), tmp_path, layout="nhwc")
     with pytest.raises(BuildError, match="generated"):
         build_library(_model(), ConfigBook(), tmp_path, layout="nchwc", generated=False)
+
+
+def test_auto_keeps_the_faster_measured_layout(tmp_path: Path) -> None:
+    model = _model()
+    manifest = build_with_layout(model, ConfigBook(), tmp_path, layout="auto")
+    choice = manifest["layout_choice"]
+    assert choice["chosen"] in ("nchw", "nchwc") and choice["nchw_ms"] > 0
+    assert choice[f"{choice['chosen']}_ms"] == min(choice["nchw_ms"], choice["nchwc_ms"])
+    assert manifest.get("layout", {"mode": "nchw"})["mode"] == choice["chosen"]
+    runner = ModelRunner(model, KernelLibrary(tmp_path), 1)
+    feeds = runner.random_feeds(1)
+    want = onnxruntime_outputs(model, feeds)
+    got = runner.run(feeds)
+    assert float(np.abs(got["out"] - want["out"]).max()) <= 1e-5 * float(
+        np.abs(want["out"]).max())
+
+
+def test_cli_build_takes_the_layout(tmp_path: Path) -> None:
+    import onnx
+
+    from tuner_service.cli.main import main
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(), str(path))
+    assert main(["build", str(path), "-o", str(tmp_path / "out"), "--layout", "nchwc"]) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["layout"]["mode"] == "nchwc"

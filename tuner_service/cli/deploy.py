@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "configs were tuned at, else 1)")
     build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
     add_input_shape_flag(build)
+    build.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+                       help="activation layout between conv layers: nchw (plain), nchwc "
+                            "(blocked by the host's vector width), auto (build both, time "
+                            "them once here, keep the faster); default nchw")
     build.add_argument("--standalone", action="store_true",
                        help="also write OUT/model.program and OUT/model.weights, so that C code "
                        "runs the model through the library alone (docs/native.md)")
@@ -93,7 +97,7 @@ def _read_model(path: Path, args: argparse.Namespace) -> bytes | None:
 
 def run_build(args: argparse.Namespace) -> int:
     from tuner_service.compiler.deploy.errors import DeployError
-    from tuner_service.compiler.deploy.library import build_library
+    from tuner_service.compiler.deploy.layout_choice import build_with_layout
     from tuner_service.compiler.frontend.errors import FrontendError
 
     data = _read_model(args.model, args)
@@ -104,8 +108,8 @@ def run_build(args: argparse.Namespace) -> int:
         if args.threads is not None and args.threads < 1:
             print("error: --threads must be at least 1", file=sys.stderr)
             return EXIT_BAD_INPUT
-        manifest = build_library(data, book, args.output, args.target, args.threads,
-                                 input_shapes(args))
+        manifest = build_with_layout(data, book, args.output, args.target, args.threads,
+                                     input_shapes(args), layout=args.layout)
         standalone = _standalone(data, args) if args.standalone else None
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,81 @@
+"""``tuner build --layout auto``: build the plain and the blocked plan, time both once on this
+machine, keep the faster.
+
+Which layout wins depends on the model (a network of 1x1 and depthwise convs gains most from
+blocked activations; a model with few conv layers between numpy steps pays for transforms) and
+on the machine, so the choice is measured, not guessed: both libraries are built, each runs the
+same seeded inputs a few times, interleaved (a loaded machine slows both alike), and the faster
+one's files become the output. The manifest's ``layout_choice`` records both medians.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.layout import check_layout
+from tuner_service.compiler.deploy.library import MANIFEST_FILE, build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.frontend.loading import ModelInput
+from tuner_service.compiler.frontend.shapes import InputShapes
+
+logger = logging.getLogger(__name__)
+
+#: interleaved rounds of the timing, and runs per round
+ROUNDS = 5
+RUNS = 3
+
+
+def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
+                      target: str = "llvm", threads: int | None = None,
+                      input_shapes: InputShapes | None = None, generated: bool = True,
+                      layout: str = "nchw") -> dict[str, Any]:
+    """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, timed, the faster kept."""
+    check_layout(layout, generated)
+    if layout != "auto":
+        return build_library(model, book, out_dir, target, threads, input_shapes, generated,
+                             layout)
+    with tempfile.TemporaryDirectory(prefix="tuner-layout-") as tmp:
+        dirs = {mode: Path(tmp) / mode for mode in ("nchw", "nchwc")}
+        for mode, directory in dirs.items():
+            build_library(model, book, directory, target, threads, input_shapes, generated, mode)
+        medians = _time_libraries(model, dirs, input_shapes)
+        chosen = min(medians, key=lambda mode: medians[mode])
+        logger.info("layout auto: nchw %.2f ms, nchwc %.2f ms: keeping %s",
+                    medians["nchw"] * 1e3, medians["nchwc"] * 1e3, chosen)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for item in dirs[chosen].iterdir():
+            shutil.copy2(item, out_dir / item.name)
+    manifest_path = out_dir / MANIFEST_FILE
+    manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+    manifest["layout_choice"] = {"chosen": chosen,
+                                 **{f"{m}_ms": round(s * 1e3, 4) for m, s in medians.items()}}
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _time_libraries(model: ModelInput, dirs: dict[str, Path],
+                    input_shapes: InputShapes | None) -> dict[str, float]:
+    """Median seconds per run of each library on the same inputs, rounds interleaved."""
+    runners = {mode: ModelRunner(model, KernelLibrary(d), input_shapes=input_shapes)
+               for mode, d in dirs.items()}
+    feeds = next(iter(runners.values())).random_feeds(0)
+    samples: dict[str, list[float]] = {mode: [] for mode in runners}
+    for runner in runners.values():
+        runner.run(feeds)  # warm-up: first-touch pages, lazy binding
+    for _ in range(ROUNDS):
+        for mode, runner in runners.items():
+            start = time.perf_counter()
+            for _ in range(RUNS):
+                runner.run(feeds)
+            samples[mode].append((time.perf_counter() - start) / RUNS)
+    return {mode: float(np.median(values)) for mode, values in samples.items()}
