@@ -23,31 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from schedule_templates.errors import InvalidConfigError
-from schedule_templates.ir.nodes import (
-    Allocate,
-    Barrier,
-    BinOp,
-    Buffer,
-    Call,
-    Const,
-    Expr,
-    IfThen,
-    Kernel,
-    Load,
-    Loop,
-    LoopKind,
-    Scope,
-    Select,
-    Stmt,
-    Store,
-    Var,
-)
+from schedule_templates.ir.nodes import Kernel, Loop, LoopKind, Scope
+from schedule_templates.kernel_stats import OPS, Access, Statement, statements, store_accesses
 from schedule_templates.space import ConfigSpace, SplitKnob
 
 #: bump when the layout or meaning of the vector changes (saved models record it)
@@ -58,170 +40,14 @@ LOOP_KINDS = tuple(LoopKind)
 SCOPES = tuple(Scope)
 _BLOCKS = (LoopKind.BLOCK_X, LoopKind.BLOCK_Y, LoopKind.BLOCK_Z)
 _THREADS = (LoopKind.THREAD_X, LoopKind.THREAD_Y, LoopKind.THREAD_Z)
-_OPS = ("add", "mul", "fma", "minmax", "select")
-_OPAQUE = -1.0  # stride of an access whose offset is not affine in the loop variable
-
-_ADD, _MUL, _FMA, _MINMAX, _SELECT = range(len(_OPS))
-_FLOAT_OPS = {"+": _ADD, "-": _ADD, "*": _MUL, "/": _MUL, "max": _MINMAX, "min": _MINMAX}
-#: a math function counted as the FMAs its inline code takes (llvm_math.py); the one-instruction
-#: intrinsics count as a mul. Kernels without calls keep the vectors they had.
-_CALL_FMAS = {"exp": 10, "log": 14, "sigmoid": 12, "tanh": 20, "erf": 24, "sqrt": 0, "abs": 0,
-              "floor": 0}
 # keyed by the enum value: hashing an Enum member runs Python code, a str hash does not
 _KIND_HOT = {kind.value: tuple(float(kind is k) for k in LOOP_KINDS) for kind in LOOP_KINDS}
 _SCOPE_HOT = {scope.value: tuple(float(scope is s) for s in SCOPES) for scope in SCOPES}
 
 
-@dataclass
-class _Access:
-    buffer: Buffer
-    write: bool
-    coeffs: dict[Var, int]  # flat-offset coefficient of each loop variable
-    opaque: set[Var]  # variables the offset depends on non-affinely (// % or indirect)
-
-    def stride(self, var: Var) -> float:
-        """|coefficient| along ``var``, or -1 (kept as -1 by the log scaling) when opaque."""
-        return _OPAQUE if var in self.opaque else float(abs(self.coeffs.get(var, 0)))
-
-
-@dataclass
-class _Statement:
-    store: Store
-    loops: tuple[Loop, ...]
-    guards: int
-    ops: list[int] = field(default_factory=lambda: [0] * len(_OPS))
-    loads: int = 0
-    trips: int = 1  # iterations of the loops around it
-
-    @property
-    def work(self) -> int:
-        return self.trips * (1 + sum(self.ops))
-
-
-# --- walking the IR ---------------------------------------------------------------------------
-
-def _statements(body: Sequence[Stmt], loops: tuple[Loop, ...], guards: int,
-                out: list[_Statement], memory: dict[str, int]) -> None:
-    """Collect the stores with the loops around them; ``memory`` sums allocations per scope
-    and counts executed barriers (under the key ``"barrier"``)."""
-    for s in body:
-        if isinstance(s, Loop):
-            _statements(s.body, (*loops, s), guards, out, memory)
-        elif isinstance(s, Allocate):
-            scope = s.buffer.scope._value_
-            memory[scope] = memory.get(scope, 0) + s.buffer.size
-            _statements(s.body, loops, guards, out, memory)
-        elif isinstance(s, IfThen):
-            _statements(s.body, loops, guards + 1, out, memory)
-        elif isinstance(s, Barrier):
-            memory["barrier"] = memory.get("barrier", 0) + math.prod(lp.extent for lp in loops)
-        elif isinstance(s, Store):
-            stmt = _Statement(s, loops, guards, trips=math.prod(lp.extent for lp in loops))
-            _count(s.value, stmt)
-            out.append(stmt)
-
-
-def _count(e: Expr, stmt: _Statement) -> bool:
-    """Count the float operations of one evaluation of ``e`` (``a * b + c`` counts as one FMA,
-    not a mul and an add); returns whether ``e`` is a float value. Index arithmetic is not
-    walked: the code generators hoist it out of the inner loops. Avoids ``Expr.dtype``, which
-    recurses: this runs for every candidate the search scores."""
-    if isinstance(e, BinOp):
-        fa, fb = _count(e.a, stmt), _count(e.b, stmt)
-        ops = stmt.ops
-        if not (fa or fb):
-            return False
-        kind = _FLOAT_OPS.get(e.op)
-        if kind is None:  # comparison or logic on floats
-            ops[_SELECT] += 1
-            return False
-        if kind == _ADD and e.op == "+" and (
-                (fa and isinstance(e.a, BinOp) and e.a.op == "*")
-                or (fb and isinstance(e.b, BinOp) and e.b.op == "*")):
-            ops[_MUL] -= 1
-            ops[_FMA] += 1
-        else:
-            ops[kind] += 1
-        return True
-    if isinstance(e, Load):
-        stmt.loads += 1
-        return e.buffer.dtype == "float32"
-    if isinstance(e, Select):
-        stmt.ops[_SELECT] += 1
-        _count(e.cond, stmt)
-        fa = _count(e.a, stmt)
-        return _count(e.b, stmt) or fa
-    if isinstance(e, Const):
-        return e.const_dtype == "float32"
-    if isinstance(e, Call):
-        _count(e.arg, stmt)
-        fmas = _CALL_FMAS[e.fn]
-        stmt.ops[_FMA if fmas else _MUL] += fmas or 1
-        return True
-    return False
-
-
-def _variables(e: Expr, out: set[Var]) -> None:
-    if isinstance(e, Var):
-        out.add(e)
-    elif isinstance(e, BinOp):
-        _variables(e.a, out)
-        _variables(e.b, out)
-    elif isinstance(e, Load):
-        for index in e.indices:
-            _variables(index, out)
-    elif isinstance(e, Select):
-        for part in (e.cond, e.a, e.b):
-            _variables(part, out)
-
-
-def _affine(e: Expr, scale: int, coeffs: dict[Var, int], opaque: set[Var]) -> None:
-    """Add ``scale`` times the affine part of ``e`` to ``coeffs``; other variables go to
-    ``opaque``. One pass per index expression (cheaper than a pass per variable)."""
-    if isinstance(e, Var):
-        coeffs[e] = coeffs.get(e, 0) + scale
-    elif isinstance(e, BinOp) and e.op in ("+", "-"):
-        _affine(e.a, scale, coeffs, opaque)
-        _affine(e.b, -scale if e.op == "-" else scale, coeffs, opaque)
-    elif isinstance(e, BinOp) and e.op == "*" and isinstance(e.b, Const):
-        _affine(e.a, scale * int(e.b.value), coeffs, opaque)
-    elif isinstance(e, BinOp) and e.op == "*" and isinstance(e.a, Const):
-        _affine(e.b, scale * int(e.a.value), coeffs, opaque)
-    elif not isinstance(e, Const):
-        _variables(e, opaque)
-
-
-def _access(buffer: Buffer, indices: tuple[Expr, ...], write: bool,
-            strides: dict[Buffer, tuple[int, ...]]) -> _Access:
-    coeffs: dict[Var, int] = {}
-    opaque: set[Var] = set()
-    if buffer not in strides:
-        strides[buffer] = buffer.strides()
-    for index, stride in zip(indices, strides[buffer], strict=True):
-        _affine(index, stride, coeffs, opaque)
-    return _Access(buffer, write, coeffs, opaque)
-
-
-def _accesses(stmt: _Statement) -> list[_Access]:
-    strides: dict[Buffer, tuple[int, ...]] = {}
-    out = [_access(stmt.store.buffer, stmt.store.indices, True, strides)]
-    stack: list[Expr] = [stmt.store.value]
-    while stack:  # loads in source order (left operand first)
-        e = stack.pop()
-        if isinstance(e, Load):
-            out.append(_access(e.buffer, e.indices, False, strides))
-        elif isinstance(e, BinOp):
-            stack += (e.b, e.a)
-        elif isinstance(e, Select):
-            stack += (e.b, e.a, e.cond)
-        elif isinstance(e, Call):
-            stack.append(e.arg)
-    return out[:ACCESS_SLOTS]
-
-
 # --- the vector (raw values; ``_LOGGED`` positions are log-scaled at the end) ------------------
 
-def _footprints(access: _Access, loops: tuple[Loop, ...]) -> list[float]:
+def _footprints(access: Access, loops: tuple[Loop, ...]) -> list[float]:
     """Elements the access touches within one full run of each loop (outermost first):
     the product of the extents it moves with, capped by the span of its affine offsets."""
     out = [0.0] * len(loops)
@@ -237,7 +63,7 @@ def _footprints(access: _Access, loops: tuple[Loop, ...]) -> list[float]:
     return out
 
 
-def _loop_block(loops: tuple[Loop, ...], accesses: list[_Access],
+def _loop_block(loops: tuple[Loop, ...], accesses: list[Access],
                 prints: list[list[float]]) -> list[float]:
     depth = len(loops)
     extents = [lp.extent for lp in loops]
@@ -260,7 +86,7 @@ def _loop_block(loops: tuple[Loop, ...], accesses: list[_Access],
     return out
 
 
-def _access_block(trips: int, loops: tuple[Loop, ...], accesses: list[_Access],
+def _access_block(trips: int, loops: tuple[Loop, ...], accesses: list[Access],
                   prints: list[list[float]]) -> list[float]:
     vector = [lp for lp in loops if lp.kind is LoopKind.VECTORIZE]
     out: list[float] = []
@@ -273,9 +99,9 @@ def _access_block(trips: int, loops: tuple[Loop, ...], accesses: list[_Access],
     return out + [0.0] * (_ACCESS_WIDTH * (ACCESS_SLOTS - len(accesses)))
 
 
-def _global_block(stmts: list[_Statement], main: _Statement, memory: dict[str, int],
+def _global_block(stmts: list[Statement], main: Statement, memory: dict[str, int],
                   kernel: Kernel) -> list[float]:
-    totals = [0] * len(_OPS)
+    totals = [0] * len(OPS)
     loads = stores = 0
     for st in stmts:
         trips = st.trips
@@ -306,7 +132,7 @@ def _global_block(stmts: list[_Statement], main: _Statement, memory: dict[str, i
 
 
 _GLOBAL_NAMES = [
-    *(f"ops.{op}" for op in _OPS), "loads", "stores", "main.trips", "other.trips",
+    *(f"ops.{op}" for op in OPS), "loads", "stores", "main.trips", "other.trips",
     "statements", "main.depth", "main.guards", "parallel", "gpu.blocks", "gpu.threads",
     "vector", "unroll", "unrolled_body", "mem.local", "mem.shared", "mem.workspace",
     "barriers",
@@ -333,13 +159,11 @@ _LOGGED = np.array([not any(part in name for part in _RAW) for name in KERNEL_NA
 
 def kernel_features(kernel: Kernel) -> np.ndarray:
     """The fixed-length (``KERNEL_WIDTH``) feature vector of one lowered kernel."""
-    stmts: list[_Statement] = []
-    memory: dict[str, int] = {}
-    _statements(kernel.body, (), 0, stmts, memory)
+    stmts, memory = statements(kernel.body)
     if not stmts:
         return np.zeros(KERNEL_WIDTH, dtype=np.float32)
     main = max(stmts, key=lambda st: st.work)  # max keeps the first of equals
-    accesses = _accesses(main)
+    accesses = store_accesses(main, ACCESS_SLOTS)
     prints = [_footprints(a, main.loops) for a in accesses]
     raw = np.array([*_global_block(stmts, main, memory, kernel),
                     *_loop_block(main.loops, accesses, prints),

@@ -18,16 +18,17 @@ import dataclasses
 import math
 import re
 
+from schedule_templates.codegen.cuda_index import fold_sums, vector_access
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.analysis import (
+    ReplaceLoads,
+    body_uses_var,
     flat_offset,
-    linear_coeff,
     loads_in,
+    stored_buffers,
     substitute,
-    uses_var,
-    walk,
 )
-from schedule_templates.ir.gpu import BLOCK_KINDS, THREAD_KINDS, LaunchDims, launch_dims, map_expr
+from schedule_templates.ir.gpu import BLOCK_KINDS, THREAD_KINDS, LaunchDims, launch_dims
 from schedule_templates.ir.nodes import (
     Allocate,
     Barrier,
@@ -47,6 +48,7 @@ from schedule_templates.ir.nodes import (
     Store,
     Var,
 )
+from schedule_templates.ir.visitor import ExprFunctor, StmtFunctor
 
 #: C precedence (higher binds tighter)
 _PRECEDENCE = {"and": 1, "==": 2, "!=": 2, "<": 3, "<=": 3, ">=": 3, ">": 3,
@@ -57,6 +59,7 @@ _C_MATH = {"exp": "expf({})", "log": "logf({})", "sqrt": "sqrtf({})", "tanh": "t
            "erf": "erff({})", "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "abs": "fabsf({})",
            "floor": "floorf({})"}
 _COMPONENTS = "xyzw"
+_ATOM = 100  # precedence of text that never needs brackets
 _RESERVED = {"int", "float", "const", "for", "if", "else", "do", "while", "return", "char",
              "void", "auto", "register", "signed", "unsigned", "long", "short", "double",
              "switch", "case", "break", "continue", "default", "static", "struct", "min", "max"}
@@ -89,54 +92,9 @@ def generate_cuda(kernel: Kernel, name: str | None = None) -> CudaKernel:
     return _Writer(kernel, name or kernel.name).generate()
 
 
-def divisible(e: Expr, n: int) -> bool:
-    """True when ``e`` is provably a multiple of ``n`` for every value of its variables."""
-    if isinstance(e, Const):
-        return isinstance(e.value, int) and e.value % n == 0
-    if isinstance(e, BinOp):
-        if e.op in ("+", "-", "max", "min"):
-            return divisible(e.a, n) and divisible(e.b, n)
-        if e.op == "*":
-            return divisible(e.a, n) or divisible(e.b, n)
-    if isinstance(e, Select):
-        return divisible(e.a, n) and divisible(e.b, n)
-    return False
+class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
+    """Statements become lines; expressions (text, precedence of the outermost operator)."""
 
-
-def fold_sums(e: Expr) -> Expr:
-    """Integer sums with their constants gathered at the end: ``t*4 + 1 + 1`` is ``t*4 + 2``."""
-    if isinstance(e, BinOp) and e.op in ("+", "-") and e.dtype == "int64":
-        terms: list[tuple[int, Expr]] = []
-        constant = _gather(e, 1, terms)
-        out: Expr | None = None
-        for sign, term in terms:
-            folded = fold_sums(term)
-            if out is None:
-                out = folded if sign > 0 else Const(0) - folded
-            else:
-                out = BinOp("+" if sign > 0 else "-", out, folded)
-        if out is None:
-            return Const(constant)
-        if constant:
-            out = BinOp("+" if constant > 0 else "-", out, Const(abs(constant)))
-        return out
-    if isinstance(e, BinOp):
-        return BinOp(e.op, fold_sums(e.a), fold_sums(e.b))
-    if isinstance(e, Select):
-        return Select(fold_sums(e.cond), fold_sums(e.a), fold_sums(e.b))
-    return e
-
-
-def _gather(e: Expr, sign: int, terms: list[tuple[int, Expr]]) -> int:
-    if isinstance(e, BinOp) and e.op in ("+", "-"):
-        return _gather(e.a, sign, terms) + _gather(e.b, sign if e.op == "+" else -sign, terms)
-    if isinstance(e, Const) and e.dtype == "int64":
-        return sign * int(e.value)
-    terms.append((sign, e))
-    return 0
-
-
-class _Writer:
     def __init__(self, kernel: Kernel, name: str) -> None:
         self.kernel = kernel
         self.name = _identifier(name)
@@ -151,7 +109,7 @@ class _Writer:
 
     def generate(self) -> CudaKernel:
         args = (*self.kernel.params, *self.kernel.workspace)
-        written = {s.buffer for s in walk(self.kernel.body) if isinstance(s, Store)}
+        written = stored_buffers(self.kernel.body)
         decls = []
         for buf in args:
             if buf.dtype != "float32":
@@ -203,19 +161,26 @@ class _Writer:
             self._stmt(s)
 
     def _stmt(self, s: Stmt) -> None:
-        if isinstance(s, Store):
-            self._emit(f"{self._ref(s.buffer, s.indices)} = {self._expr(s.value)};")
-        elif isinstance(s, Loop):
-            self._loop(s)
-        elif isinstance(s, Allocate):
-            self._allocate(s)
-        elif isinstance(s, IfThen):
-            self._emit(f"if ({self._expr(s.cond)}) {{")
-            self._block(s.body)
-        elif isinstance(s, Barrier):
-            self._emit("__syncthreads();")
-        else:
-            raise CodegenError(f"cannot generate {type(s).__name__}")
+        self.visit_stmt(s)
+
+    def default_stmt(self, s: Stmt) -> None:
+        raise CodegenError(f"cannot generate {type(s).__name__}")
+
+    def visit_store(self, s: Store) -> None:
+        self._emit(f"{self._ref(s.buffer, s.indices)} = {self._expr(s.value)};")
+
+    def visit_loop(self, s: Loop) -> None:
+        self._loop(s)
+
+    def visit_allocate(self, s: Allocate) -> None:
+        self._allocate(s)
+
+    def visit_ifthen(self, s: IfThen) -> None:
+        self._emit(f"if ({self._expr(s.cond)}) {{")
+        self._block(s.body)
+
+    def visit_barrier(self, s: Barrier) -> None:
+        self._emit("__syncthreads();")
 
     def _block(self, body: tuple[Stmt, ...]) -> None:
         self.depth += 1
@@ -263,7 +228,7 @@ class _Writer:
         self._emit(f"{{  // {kind} loop {s.var.name} in 0..{s.extent}")
         v = self._bind(s.var)
         self.depth += 1
-        if _body_uses(s.body, s.var):
+        if body_uses_var(s.body, s.var):
             self._emit(f"const int {v} = {_GPU_INDEX[s.kind]};")
         else:
             v = _GPU_INDEX[s.kind]
@@ -286,8 +251,8 @@ class _Writer:
         st = s.body[0]
         lane = s.var
         vec_loads = [ld for ld in _unique_loads(st.value)
-                     if _vector_access(ld.buffer, ld.indices, lane, lanes)]
-        vec_store = _vector_access(st.buffer, st.indices, lane, lanes)
+                     if vector_access(ld.buffer, ld.indices, lane, lanes)]
+        vec_store = vector_access(st.buffer, st.indices, lane, lanes)
         if not vec_loads and not vec_store:
             return False
         vtype = f"float{lanes}"
@@ -306,10 +271,8 @@ class _Writer:
             parts[id(ld)] = comps
         values = []
         for i in range(lanes):
-            def pick(node: Expr, i: int = i) -> Expr | None:
-                return parts[id(node)][i] if id(node) in parts else None
-
-            values.append(self._expr(substitute(map_expr(st.value, pick), lane, i)))
+            picked = ReplaceLoads({key: comps[i] for key, comps in parts.items()})
+            values.append(self._expr(substitute(picked.visit_expr(st.value), lane, i)))
         offset = flat_offset(st.buffer, st.indices)
         if vec_store:
             base = substitute(offset, lane, 0)
@@ -335,52 +298,40 @@ class _Writer:
         return f"{cname}[{self._expr(fold_sums(flat_offset(buf, indices)))}]"
 
     def _expr(self, e: Expr, parent: int = 0) -> str:
-        if isinstance(e, Var):
-            try:
-                return self.names[e]
-            except KeyError:
-                raise CodegenError(f"loop variable {e.name} used outside its loop") from None
-        if isinstance(e, Const):
-            return _float_literal(float(e.value)) if e.dtype == "float32" else str(int(e.value))
-        if isinstance(e, Load):
-            return self._ref(e.buffer, e.indices)
-        if isinstance(e, Select):
-            text = f"{self._expr(e.cond, 1)} ? {self._expr(e.a, 1)} : {self._expr(e.b, 1)}"
-            return f"({text})"
-        if isinstance(e, BinOp):
-            if e.op in ("max", "min"):
-                fn = f"f{e.op}f" if e.a.dtype == "float32" else e.op
-                return f"{fn}({self._expr(e.a)}, {self._expr(e.b)})"
-            prec = _PRECEDENCE[e.op]
-            # left-associative: the right operand of an equal-precedence operator needs brackets
-            text = (f"{self._expr(e.a, prec)} {_C_OP.get(e.op, e.op)} "
-                    f"{self._expr(e.b, prec + 1)}")
-            return f"({text})" if prec < parent else text
-        if isinstance(e, Call):
-            return _C_MATH[e.fn].format(self._expr(e.arg))
+        text, prec = self.visit_expr(e)
+        return f"({text})" if prec < parent else text
+
+    def default_expr(self, e: Expr) -> tuple[str, int]:
         raise CodegenError(f"cannot generate expression {type(e).__name__}")
 
+    def visit_var(self, e: Var) -> tuple[str, int]:
+        try:
+            return self.names[e], _ATOM
+        except KeyError:
+            raise CodegenError(f"loop variable {e.name} used outside its loop") from None
 
-def _vector_access(buf: Buffer, indices: tuple[Expr, ...], lane: Var, lanes: int) -> bool:
-    """Unit stride along the lane and a first address that is a multiple of the width."""
-    if buf.scope is Scope.LOCAL:  # register arrays are never reinterpreted
-        return False
-    offset = flat_offset(buf, indices)
-    if linear_coeff(offset, lane) != 1:
-        return False
-    return divisible(substitute(offset, lane, 0), lanes)
+    def visit_const(self, e: Const) -> tuple[str, int]:
+        text = _float_literal(float(e.value)) if e.dtype == "float32" else str(int(e.value))
+        return text, _ATOM
 
+    def visit_load(self, e: Load) -> tuple[str, int]:
+        return self._ref(e.buffer, e.indices), _ATOM
 
-def _body_uses(body: tuple[Stmt, ...], var: Var) -> bool:
-    for s in walk(body):
-        exprs: tuple[Expr, ...] = ()
-        if isinstance(s, Store):
-            exprs = (*s.indices, s.value)
-        elif isinstance(s, IfThen):
-            exprs = (s.cond,)
-        if any(uses_var(e, var) for e in exprs):
-            return True
-    return False
+    def visit_select(self, e: Select) -> tuple[str, int]:
+        text = f"{self._expr(e.cond, 1)} ? {self._expr(e.a, 1)} : {self._expr(e.b, 1)}"
+        return f"({text})", _ATOM
+
+    def visit_binop(self, e: BinOp) -> tuple[str, int]:
+        if e.op in ("max", "min"):
+            fn = f"f{e.op}f" if e.a.dtype == "float32" else e.op
+            return f"{fn}({self._expr(e.a)}, {self._expr(e.b)})", _ATOM
+        prec = _PRECEDENCE[e.op]
+        # left-associative: the right operand of an equal-precedence operator needs brackets
+        text = f"{self._expr(e.a, prec)} {_C_OP.get(e.op, e.op)} {self._expr(e.b, prec + 1)}"
+        return text, prec
+
+    def visit_call(self, e: Call) -> tuple[str, int]:
+        return _C_MATH[e.fn].format(self._expr(e.arg)), _ATOM
 
 
 def _unique_loads(e: Expr) -> list[Load]:

@@ -1,26 +1,19 @@
-"""Small analyses on IR expressions used by the code generators and the feature extractor."""
+"""Small analyses and rewrites on IR used by the code generators and the feature extractor."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from schedule_templates.ir.nodes import (
-    Allocate,
     BinOp,
     Buffer,
-    Call,
-    Cast,
     Const,
     Expr,
-    IfThen,
-    Intrinsic,
     Load,
-    Loop,
-    Select,
     Stmt,
+    Store,
     Var,
     as_expr,
 )
+from schedule_templates.ir.visitor import ExprFunctor, ExprMutator, StmtMutator, StmtVisitor
 
 
 def flat_offset(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
@@ -31,31 +24,46 @@ def flat_offset(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
     return offset
 
 
+class _UsesVar(StmtVisitor):
+    """Finds a use of one variable; stops descending once found."""
+
+    def __init__(self, var: Var) -> None:
+        self.var = var
+        self.found = False
+
+    def visit_expr(self, e: Expr) -> None:
+        if not self.found:
+            super().visit_expr(e)
+
+    def visit_var(self, e: Var) -> None:
+        self.found = self.found or e is self.var
+
+
 def uses_var(e: Expr, var: Var) -> bool:
-    if isinstance(e, Var):
-        return e is var
-    if isinstance(e, BinOp):
-        return uses_var(e.a, var) or uses_var(e.b, var)
-    if isinstance(e, Load):
-        return any(uses_var(i, var) for i in e.indices)
-    if isinstance(e, Select):
-        return uses_var(e.cond, var) or uses_var(e.a, var) or uses_var(e.b, var)
-    if isinstance(e, Call | Cast):
-        return uses_var(e.arg, var)
-    if isinstance(e, Intrinsic):
-        return any(uses_var(a, var) for a in e.args)
-    return False
+    finder = _UsesVar(var)
+    finder.visit_expr(e)
+    return finder.found
 
 
-def linear_coeff(e: Expr, var: Var) -> int | None:
-    """The constant c with ``e = c * var + (terms free of var)``, or None if e is not affine
-    in var with a constant coefficient."""
-    if isinstance(e, Var):
-        return 1 if e is var else 0
-    if isinstance(e, Const):
+def body_uses_var(body: tuple[Stmt, ...], var: Var) -> bool:
+    """Whether any expression in ``body`` (indices, values, conditions) reads ``var``."""
+    finder = _UsesVar(var)
+    finder.visit_body(body)
+    return finder.found
+
+
+class _LinearCoeff(ExprFunctor[int | None]):
+    def __init__(self, var: Var) -> None:
+        self.var = var
+
+    def visit_var(self, e: Var) -> int | None:
+        return 1 if e is self.var else 0
+
+    def visit_const(self, e: Const) -> int | None:
         return 0
-    if isinstance(e, BinOp):
-        ca, cb = linear_coeff(e.a, var), linear_coeff(e.b, var)
+
+    def visit_binop(self, e: BinOp) -> int | None:
+        ca, cb = self.visit_expr(e.a), self.visit_expr(e.b)
         if ca is None or cb is None:
             return None
         if e.op == "+":
@@ -71,53 +79,79 @@ def linear_coeff(e: Expr, var: Var) -> int | None:
                 return cb * int(e.a.value)
             return None
         return 0 if ca == 0 and cb == 0 else None
-    return 0 if not uses_var(e, var) else None
+
+    def default_expr(self, e: Expr) -> int | None:
+        return 0 if not uses_var(e, self.var) else None
+
+
+def linear_coeff(e: Expr, var: Var) -> int | None:
+    """The constant c with ``e = c * var + (terms free of var)``, or None if e is not affine
+    in var with a constant coefficient."""
+    return _LinearCoeff(var).visit_expr(e)
+
+
+class Substitute(StmtMutator):
+    """Every use of ``var`` replaced by ``value`` (constants fold on the way)."""
+
+    def __init__(self, var: Var, value: Expr | int) -> None:
+        self.var = var
+        self.value = as_expr(value)
+
+    def visit_var(self, e: Var) -> Expr:
+        return self.value if e is self.var else e
 
 
 def substitute(e: Expr, var: Var, value: Expr | int) -> Expr:
     """``e`` with every use of ``var`` replaced (constants fold on the way)."""
-    repl = as_expr(value)
-    if isinstance(e, Var):
-        return repl if e is var else e
-    if isinstance(e, BinOp):
-        from schedule_templates.ir.nodes import binop
-
-        return binop(e.op, substitute(e.a, var, repl), substitute(e.b, var, repl))
-    if isinstance(e, Load):
-        return Load(e.buffer, tuple(substitute(i, var, repl) for i in e.indices))
-    if isinstance(e, Select):
-        return Select(substitute(e.cond, var, repl), substitute(e.a, var, repl),
-                      substitute(e.b, var, repl))
-    if isinstance(e, Call):
-        return Call(e.fn, substitute(e.arg, var, repl))
-    if isinstance(e, Cast):
-        return Cast(e.to, substitute(e.arg, var, repl))
-    if isinstance(e, Intrinsic):
-        return Intrinsic(e.fn, tuple(substitute(a, var, repl) for a in e.args))
-    return e
+    return Substitute(var, value).visit_expr(e)
 
 
-def loads_in(e: Expr) -> Iterator[Load]:
-    if isinstance(e, Load):
-        yield e
-        for i in e.indices:
-            yield from loads_in(i)
-    elif isinstance(e, BinOp):
-        yield from loads_in(e.a)
-        yield from loads_in(e.b)
-    elif isinstance(e, Select):
-        yield from loads_in(e.cond)
-        yield from loads_in(e.a)
-        yield from loads_in(e.b)
-    elif isinstance(e, Call | Cast):
-        yield from loads_in(e.arg)
-    elif isinstance(e, Intrinsic):
-        for a in e.args:
-            yield from loads_in(a)
+def substitute_stmt(s: Stmt, var: Var, value: Expr | int) -> Stmt:
+    """``s`` with every use of ``var`` in its expressions replaced."""
+    return Substitute(var, value).visit_stmt(s)
 
 
-def walk(body: tuple[Stmt, ...]) -> Iterator[Stmt]:
-    for s in body:
-        yield s
-        if isinstance(s, Loop | Allocate | IfThen):
-            yield from walk(s.body)
+class _Loads(StmtVisitor):
+    def __init__(self) -> None:
+        self.loads: list[Load] = []
+
+    def visit_load(self, e: Load) -> None:
+        self.loads.append(e)
+        super().visit_load(e)
+
+
+def loads_in(e: Expr) -> list[Load]:
+    """The loads in ``e`` in source order, each before the loads in its own indices."""
+    collector = _Loads()
+    collector.visit_expr(e)
+    return collector.loads
+
+
+class _StoredBuffers(StmtVisitor):
+    def __init__(self) -> None:
+        self.buffers: set[Buffer] = set()
+
+    def visit_expr(self, e: Expr) -> None:
+        return None  # only the statements matter
+
+    def visit_store(self, s: Store) -> None:
+        self.buffers.add(s.buffer)
+
+
+def stored_buffers(body: tuple[Stmt, ...]) -> set[Buffer]:
+    """The buffers some store in ``body`` writes."""
+    collector = _StoredBuffers()
+    collector.visit_body(body)
+    return collector.buffers
+
+
+class ReplaceLoads(ExprMutator):
+    """Chosen load nodes (keyed by ``id``) replaced by given expressions; other loads keep
+    their place with their indices rewritten."""
+
+    def __init__(self, replacements: dict[int, Expr]) -> None:
+        self.replacements = replacements  # keyed by id() of the Load node
+
+    def visit_load(self, e: Load) -> Expr:
+        replacement = self.replacements.get(id(e))
+        return super().visit_load(e) if replacement is None else replacement

@@ -17,28 +17,24 @@ executes the very same kernel on the CPU: the strongest check of a GPU template 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.nodes import (
     Allocate,
     Barrier,
-    BinOp,
     Buffer,
-    Call,
     Const,
     Expr,
-    IfThen,
     Kernel,
     Load,
     Loop,
     LoopKind,
     Scope,
-    Select,
     Stmt,
     Store,
     Var,
 )
+from schedule_templates.ir.visitor import StmtMutator, StmtVisitor
 
 BLOCK_KINDS = (LoopKind.BLOCK_X, LoopKind.BLOCK_Y, LoopKind.BLOCK_Z)
 THREAD_KINDS = (LoopKind.THREAD_X, LoopKind.THREAD_Y, LoopKind.THREAD_Z)
@@ -64,105 +60,97 @@ class LaunchDims:
 def launch_dims(kernel: Kernel) -> LaunchDims:
     """The launch shape: each GPU kind's largest loop extent (smaller loops are guarded).
     Raises CodegenError when the nest breaks the placement rules above."""
-    extents: dict[LoopKind, int] = {}
-    _check(kernel.body, frozenset(), extents)
-    grid = tuple(extents.get(k, 1) for k in BLOCK_KINDS)
-    block = tuple(extents.get(k, 1) for k in THREAD_KINDS)
+    checker = _PlacementCheck()
+    checker.visit_body(kernel.body)
+    grid = tuple(checker.extents.get(k, 1) for k in BLOCK_KINDS)
+    block = tuple(checker.extents.get(k, 1) for k in THREAD_KINDS)
     return LaunchDims(grid, block)  # type: ignore[arg-type]
 
 
-def _check(body: tuple[Stmt, ...], bound: frozenset[LoopKind],
-           extents: dict[LoopKind, int]) -> None:
-    in_thread = any(k in THREAD_KINDS for k in bound)
-    for s in body:
-        if isinstance(s, Barrier) and in_thread:
+class _PlacementCheck(StmtVisitor):
+    """Checks the placement rules and records each GPU kind's largest extent."""
+
+    def __init__(self) -> None:
+        self.bound: frozenset[LoopKind] = frozenset()
+        self.extents: dict[LoopKind, int] = {}
+
+    def visit_expr(self, e: Expr) -> None:
+        return None  # placement is about statements only
+
+    def _in_thread(self) -> bool:
+        return any(k in THREAD_KINDS for k in self.bound)
+
+    def visit_barrier(self, s: Barrier) -> None:
+        if self._in_thread():
             raise CodegenError("a barrier inside a thread loop would deadlock; end the phase")
-        if isinstance(s, Loop) and s.kind in (*BLOCK_KINDS, *THREAD_KINDS):
-            if s.kind in bound:
-                raise CodegenError(f"loop {s.var.name} binds {s.kind.value} twice")
-            if s.kind in BLOCK_KINDS and in_thread:
-                raise CodegenError(f"block loop {s.var.name} is inside a thread loop")
-            extents[s.kind] = max(extents.get(s.kind, 1), s.extent)
-            _check(s.body, bound | {s.kind}, extents)
-        elif isinstance(s, Loop | Allocate | IfThen):
-            _check(s.body, bound, extents)
+
+    def visit_loop(self, s: Loop) -> None:
+        if s.kind not in BLOCK_KINDS and s.kind not in THREAD_KINDS:
+            self.visit_body(s.body)
+            return
+        if s.kind in self.bound:
+            raise CodegenError(f"loop {s.var.name} binds {s.kind.value} twice")
+        if s.kind in BLOCK_KINDS and self._in_thread():
+            raise CodegenError(f"block loop {s.var.name} is inside a thread loop")
+        self.extents[s.kind] = max(self.extents.get(s.kind, 1), s.extent)
+        outer = self.bound
+        self.bound = outer | {s.kind}
+        self.visit_body(s.body)
+        self.bound = outer
 
 
 # -- serial form for the host ------------------------------------------------------------------
 
 
-def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Rebuild ``e`` bottom-up; ``fn`` may replace a node (returning None keeps it)."""
-    replaced = fn(e)
-    if replaced is not None:
-        return replaced
-    if isinstance(e, BinOp):
-        return BinOp(e.op, map_expr(e.a, fn), map_expr(e.b, fn))
-    if isinstance(e, Select):
-        return Select(map_expr(e.cond, fn), map_expr(e.a, fn), map_expr(e.b, fn))
-    if isinstance(e, Call):
-        return Call(e.fn, map_expr(e.arg, fn))
-    if isinstance(e, Load):
-        return Load(e.buffer, tuple(map_expr(i, fn) for i in e.indices))
-    return e
-
-
 def serialize_for_host(kernel: Kernel) -> Kernel:
     """The same kernel with barriers dropped and thread-private buffers given a leading
     ``[threadIdx.z][threadIdx.y][threadIdx.x]`` index, so that GPU loops may run serially."""
-    dims = launch_dims(kernel)
-    rewriter = _Serializer(dims)
-    body = rewriter.body(kernel.body, {}, inside_thread=False)
+    body = _Serializer(launch_dims(kernel)).visit_body(kernel.body)
     return Kernel(kernel.name, kernel.params, kernel.workspace, body)
 
 
-class _Serializer:
+class _Serializer(StmtMutator):
     def __init__(self, dims: LaunchDims) -> None:
         self.dims = dims
         self.private: dict[Buffer, Buffer] = {}
+        self.threads: dict[LoopKind, Var] = {}  # the thread loops around the current node
 
-    def body(self, body: tuple[Stmt, ...], threads: dict[LoopKind, Var],
-             inside_thread: bool) -> tuple[Stmt, ...]:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, Barrier):
-                continue
-            out.append(self.stmt(s, threads, inside_thread))
-        return tuple(out)
+    def visit_body(self, body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        if any(type(s) is Barrier for s in body):
+            body = tuple(s for s in body if type(s) is not Barrier)
+        return super().visit_body(body)
 
-    def stmt(self, s: Stmt, threads: dict[LoopKind, Var], inside_thread: bool) -> Stmt:
-        if isinstance(s, Loop):
-            if s.kind in THREAD_KINDS:
-                inner = {**threads, s.kind: s.var}
-                return Loop(s.var, s.extent, s.kind, self.body(s.body, inner, True))
-            return Loop(s.var, s.extent, s.kind, self.body(s.body, threads, inside_thread))
-        if isinstance(s, Allocate):
-            buf = s.buffer
-            if buf.scope is Scope.LOCAL and not inside_thread:
-                wide = Buffer(buf.name, (*reversed(self.dims.block), *buf.shape), buf.scope,
-                              buf.dtype, buf.slack)
-                self.private[buf] = wide
-                buf = wide
-            return Allocate(buf, self.body(s.body, threads, inside_thread))
-        if isinstance(s, IfThen):
-            return IfThen(self.expr(s.cond, threads, inside_thread),
-                          self.body(s.body, threads, inside_thread))
-        if isinstance(s, Store):
-            target = self.expr(Load(s.buffer, s.indices), threads, inside_thread)
-            assert isinstance(target, Load)
-            return Store(target.buffer, target.indices,
-                         self.expr(s.value, threads, inside_thread))
-        raise CodegenError(f"cannot serialize {type(s).__name__}")
+    def visit_loop(self, s: Loop) -> Stmt:
+        if s.kind not in THREAD_KINDS:
+            return super().visit_loop(s)
+        outer = self.threads
+        self.threads = {**outer, s.kind: s.var}
+        try:
+            return super().visit_loop(s)
+        finally:
+            self.threads = outer
 
-    def expr(self, e: Expr, threads: dict[LoopKind, Var], inside_thread: bool) -> Expr:
-        def widen(node: Expr) -> Expr | None:
-            if not isinstance(node, Load) or node.buffer not in self.private:
-                return None
-            if not inside_thread:
-                raise CodegenError(
-                    f"thread-private buffer {node.buffer.name} is used outside thread loops")
-            lead = tuple(threads.get(k, Const(0)) for k in reversed(THREAD_KINDS))
-            rest = tuple(map_expr(i, widen) for i in node.indices)
-            return Load(self.private[node.buffer], (*lead, *rest))
+    def visit_allocate(self, s: Allocate) -> Stmt:
+        buf = s.buffer
+        if buf.scope is not Scope.LOCAL or self.threads:
+            return super().visit_allocate(s)
+        wide = Buffer(buf.name, (*reversed(self.dims.block), *buf.shape), buf.scope, buf.dtype,
+                      buf.slack)
+        self.private[buf] = wide
+        return Allocate(wide, self.visit_body(s.body))
 
-        return map_expr(e, widen)
+    def visit_store(self, s: Store) -> Stmt:
+        if s.buffer not in self.private:
+            return super().visit_store(s)
+        target = self.visit_load(Load(s.buffer, s.indices))
+        assert isinstance(target, Load)
+        return Store(target.buffer, target.indices, self.visit_expr(s.value))
+
+    def visit_load(self, e: Load) -> Expr:
+        if e.buffer not in self.private:
+            return super().visit_load(e)
+        if not self.threads:
+            raise CodegenError(
+                f"thread-private buffer {e.buffer.name} is used outside thread loops")
+        lead = tuple(self.threads.get(k, Const(0)) for k in reversed(THREAD_KINDS))
+        return Load(self.private[e.buffer], (*lead, *self.visit_exprs(e.indices)))

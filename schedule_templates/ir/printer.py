@@ -22,33 +22,84 @@ from schedule_templates.ir.nodes import (
     Store,
     Var,
 )
+from schedule_templates.ir.visitor import ExprFunctor, StmtFunctor
 
 _PRECEDENCE = {"and": 1, "<": 2, "<=": 2, ">=": 2, ">": 2, "==": 2, "!=": 2,
                "+": 3, "-": 3, "*": 4, "//": 4, "%": 4, "/": 4}
+_ATOM = 100  # precedence of text that never needs brackets
+
+
+class _Printer(ExprFunctor[tuple[str, int]], StmtFunctor[list[str]]):
+    """Expressions as (text, precedence of its outermost operator); statements as lines."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def text(self, e: Expr, parent: int = 0) -> str:
+        text, prec = self.visit_expr(e)
+        return f"({text})" if prec < parent else text
+
+    def _list(self, exprs: tuple[Expr, ...]) -> str:
+        return ", ".join(self.text(e) for e in exprs)
+
+    def visit_var(self, e: Var) -> tuple[str, int]:
+        return e.name, _ATOM
+
+    def visit_const(self, e: Const) -> tuple[str, int]:
+        return (repr(float(e.value)) if e.dtype == "float32" else str(e.value)), _ATOM
+
+    def visit_load(self, e: Load) -> tuple[str, int]:
+        return f"{e.buffer.name}[{self._list(e.indices)}]", _ATOM
+
+    def visit_select(self, e: Select) -> tuple[str, int]:
+        return f"select({self._list((e.cond, e.a, e.b))})", _ATOM
+
+    def visit_call(self, e: Call) -> tuple[str, int]:
+        return f"{e.fn}({self.text(e.arg)})", _ATOM
+
+    def visit_cast(self, e: Cast) -> tuple[str, int]:
+        return f"{e.to}({self.text(e.arg)})", _ATOM
+
+    def visit_intrinsic(self, e: Intrinsic) -> tuple[str, int]:
+        return f"{e.fn}({self._list(e.args)})", _ATOM
+
+    def visit_binop(self, e: BinOp) -> tuple[str, int]:
+        if e.op in ("max", "min"):
+            return f"{e.op}({self._list((e.a, e.b))})", _ATOM
+        prec = _PRECEDENCE[e.op]
+        return f"{self.text(e.a, prec)} {e.op} {self.text(e.b, prec + 1)}", prec
+
+    # -- statements ----------------------------------------------------------------------------
+    def lines(self, body: tuple[Stmt, ...], depth: int) -> list[str]:
+        outer, self.depth = self.depth, depth
+        out = [line for s in body for line in self.visit_stmt(s)]
+        self.depth = outer
+        return out
+
+    def visit_loop(self, s: Loop) -> list[str]:
+        kind = "" if s.kind is LoopKind.SERIAL else f"{s.kind.value} "
+        head = f"{self._pad()}{kind}for {s.var.name} in 0..{s.extent}:"
+        return [head, *self.lines(s.body, self.depth + 1)]
+
+    def visit_store(self, s: Store) -> list[str]:
+        return [f"{self._pad()}{s.buffer.name}[{self._list(s.indices)}] = {self.text(s.value)}"]
+
+    def visit_allocate(self, s: Allocate) -> list[str]:
+        return [f"{self._pad()}alloc {_buffer_decl(s.buffer)}", *self.lines(s.body, self.depth)]
+
+    def visit_ifthen(self, s: IfThen) -> list[str]:
+        return [f"{self._pad()}if {self.text(s.cond)}:", *self.lines(s.body, self.depth + 1)]
+
+    def visit_barrier(self, s: Barrier) -> list[str]:
+        return [f"{self._pad()}barrier"]
+
+    def _pad(self) -> str:
+        return "  " * self.depth
 
 
 def format_expr(e: Expr, parent: int = 0) -> str:
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, Const):
-        return repr(float(e.value)) if e.dtype == "float32" else str(e.value)
-    if isinstance(e, Load):
-        return f"{e.buffer.name}[{', '.join(format_expr(i) for i in e.indices)}]"
-    if isinstance(e, Select):
-        return f"select({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
-    if isinstance(e, Call):
-        return f"{e.fn}({format_expr(e.arg)})"
-    if isinstance(e, Cast):
-        return f"{e.to}({format_expr(e.arg)})"
-    if isinstance(e, Intrinsic):
-        return f"{e.fn}({', '.join(format_expr(a) for a in e.args)})"
-    if isinstance(e, BinOp):
-        if e.op in ("max", "min"):
-            return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
-        prec = _PRECEDENCE[e.op]
-        text = f"{format_expr(e.a, prec)} {e.op} {format_expr(e.b, prec + 1)}"
-        return f"({text})" if prec < parent else text
-    raise TypeError(f"unknown expression {e!r}")
+    """``e`` as text, bracketed when its operator binds looser than ``parent``."""
+    return _Printer().text(e, parent)
 
 
 def _buffer_decl(b: Buffer) -> str:
@@ -56,31 +107,9 @@ def _buffer_decl(b: Buffer) -> str:
     return f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}{slack}] {b.scope.value}"
 
 
-def _stmt_lines(s: Stmt, depth: int) -> list[str]:
-    pad = "  " * depth
-    if isinstance(s, Loop):
-        kind = "" if s.kind is LoopKind.SERIAL else f"{s.kind.value} "
-        head = f"{pad}{kind}for {s.var.name} in 0..{s.extent}:"
-        return [head, *_body_lines(s.body, depth + 1)]
-    if isinstance(s, Store):
-        target = f"{s.buffer.name}[{', '.join(format_expr(i) for i in s.indices)}]"
-        return [f"{pad}{target} = {format_expr(s.value)}"]
-    if isinstance(s, Allocate):
-        return [f"{pad}alloc {_buffer_decl(s.buffer)}", *_body_lines(s.body, depth)]
-    if isinstance(s, IfThen):
-        return [f"{pad}if {format_expr(s.cond)}:", *_body_lines(s.body, depth + 1)]
-    if isinstance(s, Barrier):
-        return [f"{pad}barrier"]
-    raise TypeError(f"unknown statement {s!r}")
-
-
-def _body_lines(body: tuple[Stmt, ...], depth: int) -> list[str]:
-    return [line for s in body for line in _stmt_lines(s, depth)]
-
-
 def format_kernel(kernel: Kernel) -> str:
     lines = [f"kernel {kernel.name}("]
     lines += [f"    {_buffer_decl(b)}," for b in (*kernel.params, *kernel.workspace)]
     lines.append("):")
-    lines += _body_lines(kernel.body, 1)
+    lines += _Printer().lines(kernel.body, 1)
     return "\n".join(lines) + "\n"

@@ -6,7 +6,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from schedule_templates.codegen.cuda_c import divisible, generate_cuda
+from schedule_templates.codegen.cuda_c import generate_cuda
+from schedule_templates.codegen.cuda_index import divisible
 from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import CompiledKernel
 from schedule_templates.errors import CodegenError
