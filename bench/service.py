@@ -41,6 +41,9 @@ from typing import Any
 
 import httpx
 
+from schedule_templates.protocol import ClaimItem, Report
+from schedule_templates.records import MeasureResult
+
 ADMIN = "bench-admin-token-0123456789abcdef0123"
 DEVICE = "bench-load"
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
@@ -132,15 +135,15 @@ def _one_round(http: httpx.Client, worker: int, stats: LoadStats, max_items: int
     start = time.monotonic()
     answer = http.post(f"/workers/{worker}/claim", json={"max_items": max_items, "wait_s": 0})
     answer.raise_for_status()
-    items = answer.json()["items"]
-    stats.on_claim(worker, [i["measure_id"] for i in items], start, time.monotonic())
+    items = [ClaimItem.from_json(item) for item in answer.json()["items"]]
+    stats.on_claim(worker, [int(i.measure_id) for i in items], start, time.monotonic())
     if not items:
         time.sleep(0.05)
         return
     time.sleep(measure_s)  # "measuring"
-    results = [{"measure_id": i["measure_id"], "costs": [1e-4 * (1 + i["config"]["index"] % 7)],
-                "error_kind": 0, "error_message": "", "compile_time_s": 0.0,
-                "wall_time_s": measure_s, "timings": {"measure_s": measure_s}} for i in items]
+    results = [Report(i.measure_id, MeasureResult((1e-4 * (1 + (i.candidate.index or 0) % 7),),
+                                                  wall_time_s=measure_s),
+                      timings={"measure_s": measure_s}).to_json() for i in items]
     start = time.perf_counter()
     answer = http.post(f"/workers/{worker}/results", json={"results": results})
     answer.raise_for_status()

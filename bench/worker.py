@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schedule_templates.protocol import Candidate, ClaimItem, Target
 from schedule_templates.records import MeasureOptions
 from workers.agent import Agent
 from workers.backends import BackendSpec
@@ -105,7 +106,7 @@ def resnet18_items(candidates: int, repeat_share: float, seed: int) -> list[dict
     from schedule_templates.workloads import parse_workload
 
     rng = random.Random(seed)
-    options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50.0).to_json()
+    options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50.0)
     items: list[dict[str, Any]] = []
     while len(items) < candidates:
         key = RESNET18_CONVS[len(items) % len(RESNET18_CONVS)]
@@ -122,10 +123,8 @@ def resnet18_items(candidates: int, repeat_share: float, seed: int) -> list[dict
                 break
             except InvalidConfigError:
                 continue
-        items.append({"measure_id": len(items), "template": template.name,
-                      "template_version": template.version, "workload": key,
-                      "target": "llvm", "config": {"index": config.index}, "threads": 1,
-                      "options": options})
+        items.append(ClaimItem(len(items), Candidate.of(template, workload, config),
+                               Target("llvm"), options).to_json())
     return items
 
 
@@ -229,9 +228,8 @@ def bench_repeatability(workload: str, claims: int, tmp: Path) -> dict[str, Any]
 
 def stub_item(measure_id: int, index: int, workload: str = "dense:M=64,N=64,K=64",
               template: str = "dense.x86") -> dict[str, Any]:
-    return {"measure_id": measure_id, "template": template, "workload": workload,
-            "target": "llvm", "config": {"index": index}, "threads": 1,
-            "options": MeasureOptions().to_json()}
+    return ClaimItem(measure_id, Candidate(template, workload, {"index": index}),
+                     Target("llvm")).to_json()
 
 
 class LiveServer:
