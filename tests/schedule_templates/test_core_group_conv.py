@@ -8,6 +8,7 @@ from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.features import FeatureExtractor
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import get_template
+from schedule_templates.templates.x86_group_conv import vector_lanes
 from schedule_templates.workloads import GroupConv2d, parse_workload
 
 #: groups 2/4/8 and 3, channels per group 2..16 in and 1..16 out, odd H/W, stride, padding,
@@ -143,3 +144,20 @@ def test_features_are_finite_for_both_vector_axes():
         x = fx.features(indices)
         assert np.isfinite(x).all()
         assert not np.array_equal(x[0], x[1])  # the two lowerings are told apart
+
+
+def test_row_vectors_are_whole_native_vectors():
+    assert [vector_lanes(w) for w in (1, 2, 4, 8, 16, 56, 64)] == [1, 2, 4, 8, 16, 56, 64]
+    assert [vector_lanes(w) for w in (3, 5, 7, 12, 14, 28, 33)] == [4, 8, 8, 16, 16, 32, 40]
+
+
+@pytest.mark.parametrize(("key", "owt"), [
+    ("group_conv2d:N=1,C=16,H=6,W=21,K=16,R=1,S=3,groups=4", 19),  # unpadded: a copy for slack
+    ("group_conv2d:N=1,C=16,H=6,W=14,K=16,R=3,S=3,pad=1,groups=8", 7),
+    ("group_conv2d:N=2,C=12,H=9,W=27,K=12,R=3,S=3,stride=2,pad=1,groups=3", 14),
+    ("group_conv2d:N=1,C=8,H=5,W=5,K=8,R=1,S=1,groups=2", 5),
+])
+def test_widened_rows_store_only_their_outputs(key, owt):
+    workload = parse_workload(f"{key},epilogue=bias+residual+relu")
+    config = config_for(workload, vector="w", tile_ow=(workload.out_w // owt, owt))
+    run(workload, config, threads=2)
