@@ -158,7 +158,7 @@ def run_search(tuner: Any, replay: Replay, trials: int, batch: int) -> SearchTra
             if not proposed:
                 break
             continue
-        tuner.visited.update(indices)
+        tuner.exclude(indices)
         results = replay.results(indices)
         start = time.perf_counter()
         tuner.tell(indices, results)
@@ -201,7 +201,7 @@ def run_job(scheduler: Any, tasks: Sequence[JobTask], trials: int, batch: int) -
         for position, n in plan:
             task = tasks[position]
             indices, _ = task.replay.project(task.tuner.ask(n), task.taken)
-            task.tuner.visited.update(indices)
+            task.tuner.exclude(indices)
             results = task.replay.results(indices)
             task.tuner.tell(indices, results)
             task.curve += best_curve(task.curve[-1] if task.curve else math.inf,

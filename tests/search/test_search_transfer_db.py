@@ -9,6 +9,7 @@ from search_synthetic import results, speeds
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
+from tuner_service.cost_model import TransferCostModel
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, JobTask, Measurement
 from tuner_service.jobs.create import JobSpec, create_job
@@ -16,7 +17,7 @@ from tuner_service.jobs.records import import_lines
 from tuner_service.jobs.run import JobRun
 from tuner_service.jobs.scheduler import make_scheduler
 from tuner_service.jobs.transfer import transfer_records
-from tuner_service.tuners.transfer import TransferTuner
+from tuner_service.tuners.model_based import ModelTuner
 
 TARGET = "llvm"
 TASK = "dense:M=64,N=64,K=64"
@@ -60,7 +61,7 @@ def test_a_transfer_job_starts_from_other_workloads(migrated_url: str) -> None:
                                    .filter_by(uid="own").scalar()))
         run = JobRun.rebuild(session, job, make_scheduler("round-robin"))
     tuner = run.tasks[0].tuner
-    assert isinstance(tuner, TransferTuner)
+    assert isinstance(tuner, ModelTuner) and isinstance(tuner.model, TransferCostModel)
     first = tuner.ask(16)
     random = tuner.space.sample(200, np.random.default_rng(0), exclude=tuner.visited)
     assert speeds(tuner.space, first).mean() > 1.5 * speeds(tuner.space, random).mean()

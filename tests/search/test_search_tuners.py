@@ -13,17 +13,17 @@ from schedule_templates.records import ErrorKind, MeasureResult
 from schedule_templates.space import ConfigSpace
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import Workload, parse_workload
-from tuner_service.cost_model import XGBParams
+from tuner_service.cost_model import TransferCostModel, TransferParams, XGBParams
 from tuner_service.tuners import TRANSFER_TUNERS, Tuner, make_tuner, tuner_names
 from tuner_service.tuners.annealing import AnnealParams, mutate
-from tuner_service.tuners.model_based import ModelTunerParams
-from tuner_service.tuners.transfer import TransferParams, TransferRecord, parse_records
+from tuner_service.tuners.model_based import ModelTuner, ModelTunerParams
+from tuner_service.tuners.transfer import TransferRecord, parse_records
 
 DENSE = "dense:M=64,N=64,K=64"
 OTHER = "dense:M=128,N=96,K=128"
 TINY_CONV = "conv2d:N=1,C=4,H=4,W=4,K=8,R=3,S=3,pad=1"
 #: a short search keeps the tests fast; the defaults are measured in the report
-QUICK = ModelTunerParams(random_candidates=64, anneal=AnnealParams(chains=16, steps=8))
+QUICK = AnnealParams(chains=16, steps=8, random_candidates=64)
 
 
 def setup(key: str) -> tuple[Workload, ConfigSpace, Any]:
@@ -35,7 +35,7 @@ def setup(key: str) -> tuple[Workload, ConfigSpace, Any]:
 def build(name: str, key: str, seed: int = 0, **options: Any) -> Tuner:
     workload, space, template = setup(key)
     if name in ("xgb", "xgb-transfer"):
-        options.setdefault("params", QUICK)
+        options.setdefault("search", QUICK)
         options.setdefault("model_params", XGBParams(rounds=30, seed=seed))
     return make_tuner(name, workload, space, seed, template=template, **options)
 
@@ -107,10 +107,30 @@ def test_unknown_tuner_is_refused() -> None:
     assert set(tuner_names()) >= TRANSFER_TUNERS
 
 
-def test_learned_tuners_find_the_template_when_not_given() -> None:
+@pytest.mark.parametrize("name", ["xgb", "xgb-transfer"])
+def test_learned_tuners_need_the_template(name: str) -> None:
     workload, space, template = setup(DENSE)
-    tuner = make_tuner("xgb", workload, space, 0, params=QUICK)
-    assert tuner.extractor.template is template  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="template"):
+        make_tuner(name, workload, space, 0)
+    tuner = make_tuner(name, workload, space, 0, template=template, search=QUICK)
+    assert isinstance(tuner, ModelTuner) and tuner.extractor.template is template
+    with pytest.raises(TypeError, match="colour"):
+        make_tuner(name, workload, space, 0, template=template, colour="red")
+
+
+def test_exclude_keeps_configs_from_every_tuner() -> None:
+    for name in tuner_names():
+        tuner = build(name, TINY_CONV)
+        held = tuner.space.sample(10, np.random.default_rng(4))
+        assert tuner.exclude(held + held[:3]) == held
+        assert tuner.exclude(held[:5]) == []
+        proposed = [i for _ in range(40) for i in tuner.ask(13)]
+        assert not set(proposed) & set(held)
+
+
+def prior_of(tuner: Tuner) -> TransferCostModel:
+    assert isinstance(tuner, ModelTuner) and isinstance(tuner.model, TransferCostModel)
+    return tuner.model
 
 
 @pytest.mark.parametrize("name", ["xgb", "ga"])
@@ -145,7 +165,7 @@ def test_transfer_helps_the_first_batch() -> None:
     first = speeds(tuner.space, tuner.ask(32)).mean()
     random = speeds(tuner.space, tuner.space.sample(256, np.random.default_rng(0))).mean()
     assert first > 3 * random  # measured: about 6x
-    assert tuner.prior_share() == pytest.approx(1.0)  # type: ignore[attr-defined]
+    assert prior_of(tuner).prior_share() == pytest.approx(1.0)
 
 
 def test_transfer_from_an_unlike_workload_is_dropped() -> None:
@@ -155,13 +175,13 @@ def test_transfer_from_an_unlike_workload_is_dropped() -> None:
                   transfer=transfer_from(OTHER, 300, speed=inverted_speed))
     picks = tuner.ask(32)
     tuner.tell(picks, results(tuner.space, picks))
-    assert tuner.relevance == 0.0  # type: ignore[attr-defined]
-    assert tuner.prior_share() == 0.0  # type: ignore[attr-defined]
+    assert prior_of(tuner).relevance == 0.0
+    assert prior_of(tuner).prior_share() == 0.0
     like = build("xgb-transfer", DENSE, 0, transfer_params=params,
                  transfer=transfer_from(OTHER, 300))
     picks = like.ask(32)
     like.tell(picks, results(like.space, picks))
-    assert like.relevance > 0.5  # type: ignore[attr-defined]
+    assert prior_of(like).relevance > 0.5
 
 
 def test_transfer_ignores_other_templates_and_bad_records() -> None:
@@ -170,7 +190,7 @@ def test_transfer_ignores_other_templates_and_bad_records() -> None:
             TransferRecord("dense:M=3,N=5,K=7", template.name, 10 ** 9, MeasureResult((1.0,))),
             TransferRecord("dense:M=0", template.name, 0, MeasureResult((1.0,)))]
     tuner = make_tuner("xgb-transfer", workload, space, 0, template=template, transfer=junk,
-                       params=QUICK)
+                       search=QUICK)
     assert len(tuner.ask(8)) == 8
 
 
@@ -225,9 +245,9 @@ def test_diversity_filter_spreads_a_batch() -> None:
 
     spread = []
     for diversity in (0.0, 4.0):
-        params = ModelTunerParams(random_candidates=128, diversity=diversity, epsilon=0.0,
-                                  anneal=AnnealParams(chains=16, steps=8))
-        tuner = build("xgb", DENSE, 0, params=params)
+        params = ModelTunerParams(diversity=diversity, epsilon=0.0)
+        tuner = build("xgb", DENSE, 0, params=params,
+                      search=AnnealParams(chains=16, steps=8, random_candidates=128))
         first = tuner.ask(48)
         tuner.tell(first, results(tuner.space, first))
         picks = tuner.ask(16)

@@ -8,11 +8,15 @@ order of scores within a workload carries meaning, never their scale.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from tuner_service.errors import TunerServiceError
+
+#: (features, labels, groups, weights) for one fit
+TrainingSet = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 class CostModelError(TunerServiceError):
@@ -27,6 +31,10 @@ class CostModel(ABC):
 
         ``groups`` (one integer per row) says which rows are comparable (one group per
         workload); ``weights`` (one per row, equal within a group) scales each row's say."""
+
+    def fit_prior(self) -> None:  # noqa: B027 - optional hook: warmed models override it
+        """Train on what the model knows before this workload's own data (a model warmed by
+        other workloads' measurements); the default knows nothing and stays untrained."""
 
     @abstractmethod
     def predict(self, features: np.ndarray) -> np.ndarray:
@@ -45,3 +53,9 @@ class CostModel(ABC):
     @abstractmethod
     def load(cls, path: str | Path) -> CostModel:
         """Read a model written by ``save``."""
+
+
+def stack(parts: Sequence[TrainingSet]) -> TrainingSet:
+    """One training set from several (their groups must already be distinct)."""
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))

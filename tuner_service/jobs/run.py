@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from schedule_templates.records import MeasureResult
 from schedule_templates.space import ConfigSpace
 from schedule_templates.workloads import parse_workload
+from tuner_service.cost_model import PriorCache
 from tuner_service.db.bulk import ids_in, insert_rows
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import Job, JobTask, Measurement, Task
@@ -117,8 +118,9 @@ class JobRun:
         ).all()
         run = cls(job, [], scheduler, policy)
         known = known_device(session, job)
+        priors = PriorCache()  # tasks of one template share their transfer prior
         for jt, key, weight, flops in rows:
-            task, measured = _rebuild_task(session, job, jt, key, known)
+            task, measured = _rebuild_task(session, job, jt, key, known, priors)
             task.weight, task.flops = float(weight or 1), float(flops or 0)
             run.tasks.append(task)
             if measured:
@@ -177,7 +179,7 @@ class JobRun:
         and the task's best-so-far curve (what the scheduler reads) includes them at once."""
         now = time.monotonic()
         for task, indices, results in observed:
-            task.tuner.visited.update(indices)
+            task.tuner.exclude(indices)
             task.curve += best_curve(task.curve[-1] if task.curve else math.inf,
                                      [r.mean_cost if r.ok else math.inf for r in results])
             task.untold[0].extend(indices)
@@ -324,7 +326,8 @@ def _observation(task: TaskRun, done: Sequence[Any]
 
 
 def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
-                  known: DeviceQuery | None) -> tuple[TaskRun, list[Measurement]]:
+                  known: DeviceQuery | None, priors: PriorCache | None = None
+                  ) -> tuple[TaskRun, list[Measurement]]:
     """A fresh tuner for one task, plus its finished measurements to replay with ``tell``."""
     template = template_named(jt.template or "")
     workload = parse_workload(workload_key)
@@ -337,7 +340,7 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
                                  if known and known.device_class else None)
                 if job.tuner in TRANSFER_TUNERS else [])
     tuner = make_tuner(job.tuner, workload, space, seed=(job.id << 20) ^ jt.id,
-                       template=template, transfer=transfer)
+                       template=template, transfer=transfer, priors=priors)
     task = TaskRun(jt.id, workload_key, template, space, tuner, budget=jt.trials_budget,
                    done=jt.trials_done, finished=jt.status == TaskStatus.DONE)
     rows = session.scalars(
@@ -352,7 +355,7 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
     pending = [m for m in measured if m.state in MEASUREMENT_PENDING]
     task.pending = {m.id for m in pending}
     # in-flight and withdrawn configs must not be proposed again
-    tuner.visited.update(m.config_index for m in measured if m.state != MeasurementState.DONE)
+    tuner.exclude(m.config_index for m in measured if m.state != MeasurementState.DONE)
     return task, [m for m in measured if m.state == MeasurementState.DONE]
 
 

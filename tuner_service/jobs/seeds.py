@@ -69,5 +69,5 @@ def _best_known(session: Session, template: Any, workload: Workload, space: Conf
 def take_seeds(task: Any, n: int) -> list[int]:
     """Up to ``n`` seeds of a ``TaskRun`` not proposed yet (marked as proposed)."""
     picks = [s for s in task.seeds if s not in task.tuner.visited][:max(0, n)]
-    task.tuner.visited.update(picks)
+    task.tuner.exclude(picks)
     return picks

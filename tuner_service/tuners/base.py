@@ -7,7 +7,8 @@ The loop that measures and records (local loop, server job driver) owns all of t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -21,10 +22,21 @@ class Tuner(ABC):
         self.workload = workload
         self.space = space
         self.rng = np.random.default_rng(seed)
-        #: every index proposed so far (measured or in flight): never proposed again
-        self.visited: set[int] = set()
+        self._visited: set[int] = set()
         self.best_index: int | None = None
         self.best_cost = float("inf")
+
+    @property
+    def visited(self) -> AbstractSet[int]:
+        """Every index proposed, told or excluded so far: never proposed again."""
+        return self._visited
+
+    def exclude(self, indices: Iterable[int]) -> list[int]:
+        """Never propose ``indices`` (configs in flight elsewhere, seeds handed out by the
+        caller); returns those that were not excluded already, in order."""
+        fresh = [i for i in dict.fromkeys(int(i) for i in indices) if i not in self._visited]
+        self._visited.update(fresh)
+        return fresh
 
     @abstractmethod
     def _propose(self, n: int) -> list[int]:
@@ -32,14 +44,14 @@ class Tuner(ABC):
 
     def ask(self, n: int) -> list[int]:
         """Propose up to ``n`` configs never proposed before (fewer when the space is spent)."""
-        picks = [i for i in self._propose(n) if i not in self.visited][:n]
-        self.visited.update(picks)
-        return picks
+        fresh = [i for i in dict.fromkeys(self._propose(n)) if i not in self._visited][:n]
+        self._visited.update(fresh)
+        return fresh
 
     def tell(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
         """Record measurements (of this tuner's proposals or of earlier runs being replayed)."""
         for index, result in zip(indices, results, strict=True):
-            self.visited.add(index)
+            self._visited.add(index)
             if result.ok and result.mean_cost < self.best_cost:
                 self.best_cost, self.best_index = result.mean_cost, index
         self._update(indices, results)
@@ -50,4 +62,4 @@ class Tuner(ABC):
         """Strategy-specific learning; the default learns nothing."""
 
     def exhausted(self) -> bool:
-        return len(self.visited) >= self.space.size
+        return len(self._visited) >= self.space.size

@@ -62,7 +62,7 @@ class GATuner(Tuner):
                     taken.add(child)
                     picks.append(child)
         return picks + self.space.sample(n - len(picks), self.rng,
-                                         exclude=self.visited.union(picks))
+                                         exclude=self._visited.union(picks))
 
     def _repair(self, child: int, taken: set[int]) -> int | None:
         if child not in taken and self.space.is_valid(child):

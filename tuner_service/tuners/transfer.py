@@ -1,17 +1,10 @@
 """Transfer across workloads (``xgb-transfer``): other workloads' measurements as a prior.
 
 A task starts with records of the same template and target measured on other workloads (the
-shared log, or a records file). The loop-nest features mean the same thing across shapes, so a
-model trained on them ranks this workload's configs before any of them is measured. The prior
-enters every fit as extra groups (one per workload) whose weight
-
-    prior_weight x relevance x half_life / (half_life + own measurements)
-
-decays as the task's own measurements arrive (and leaves the fits once under ``min_share``,
-so late refits cost what plain ``xgb``'s do). ``relevance`` guards against an unlike workload:
-once ``min_own`` configs of this task have run, a model trained on the prior alone must rank
-them better than chance, else the prior is switched off and the tuner is plain ``xgb``. With no
-records at all it is ``xgb``, proposal for proposal.
+shared log, or a records file). This module reads them (``parse_records``) and featurises them
+into the prior's training set (``prior_training_set``); ``cost_model.TransferCostModel`` weighs
+the prior against the task's own measurements. With no records of the template the tuner is
+plain ``xgb``, proposal for proposal.
 """
 
 from __future__ import annotations
@@ -28,10 +21,9 @@ import numpy as np
 from schedule_templates.errors import ScheduleError
 from schedule_templates.features import FeatureExtractor
 from schedule_templates.records import ErrorKind, MeasureResult
-from schedule_templates.space import Config, ConfigSpace
-from schedule_templates.workloads import Workload, parse_workload
-from tuner_service.cost_model import XGBCostModel, normalise, pairwise_accuracy, throughputs
-from tuner_service.tuners.model_based import ModelTuner, TrainingSet
+from schedule_templates.space import Config
+from schedule_templates.workloads import parse_workload
+from tuner_service.cost_model import TrainingSet, normalise, stack, throughputs
 
 logger = logging.getLogger(__name__)
 
@@ -45,86 +37,6 @@ class TransferRecord:
     template: str  # template name, e.g. ``conv2d.x86``
     index: int
     result: MeasureResult
-
-
-@dataclasses.dataclass(frozen=True)
-class TransferParams:
-    prior_weight: float = 1.0
-    #: own measurements at which the prior's weight has halved
-    half_life: int = 64
-    #: own measurements needed before the prior's relevance is judged
-    min_own: int = 16
-    #: prior pairwise accuracy on own data at or below which the prior is dropped, and above
-    #: which it counts fully (linear in between)
-    chance: float = 0.55
-    trusted: float = 0.7
-    #: records kept (a seeded sample spread evenly over workloads) to bound fitting time
-    max_records: int = 2000
-    #: below this share the prior leaves the fits (it no longer changes them, but costs time)
-    min_share: float = 0.1
-
-
-class TransferTuner(ModelTuner):
-    def __init__(self, workload: Workload, space: ConfigSpace, seed: int = 0, *,
-                 transfer: Iterable[TransferRecord] = (),
-                 transfer_params: TransferParams | None = None, **options: Any) -> None:
-        super().__init__(workload, space, seed, **options)
-        self.transfer_params = transfer_params or TransferParams()
-        name = self.extractor.template.name
-        self._records = [r for r in transfer if r.template == name]
-        self._prior: TrainingSet | None = None
-        self._prior_model: XGBCostModel | None = None
-        self._prepared = not self._records
-        #: the prior's current weight multiplier (1 before judging, 0 once found unlike)
-        self.relevance = 1.0
-
-    def _prepare(self) -> None:
-        """Featurise the records once, lazily (a server builds tuners inside a transaction)."""
-        if self._prepared:
-            return
-        self._prepared = True
-        self._prior = prior_training_set(self.extractor, self._records,
-                                         self.transfer_params.max_records, self.rng)
-        self._records = []
-
-    def _propose(self, n: int) -> list[int]:
-        self._prepare()
-        if self._prior is not None and not self.model.trained:
-            self.refit()  # nothing measured yet: the model is the prior alone
-        return super()._propose(n)
-
-    def _update(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
-        self._prepare()
-        super()._update(indices, results)
-
-    def prior_share(self) -> float:
-        p = self.transfer_params
-        return p.prior_weight * self.relevance * p.half_life / (p.half_life + len(self._rows))
-
-    def training_set(self) -> TrainingSet | None:
-        own = self.own_training_set()
-        if self._prior is None:
-            return own
-        self._judge_prior()
-        share = self.prior_share()
-        if share < self.transfer_params.min_share:
-            return own
-        x, y, g, w = self._prior
-        prior = (x, y, g + 1, w * share)  # own data is group 0
-        return prior if own is None else stack([own, prior])
-
-    def _judge_prior(self) -> None:
-        p = self.transfer_params
-        own = self.own_training_set()
-        if self._prior is None or own is None or len(own[1]) < p.min_own:
-            return
-        if self._prior_model is None:  # fitted once, on the prior alone
-            self._prior_model = XGBCostModel(self.model.params)
-            self._prior_model.fit(*self._prior)
-        accuracy = pairwise_accuracy(own[1], self._prior_model.predict(own[0]))
-        self.relevance = float(np.clip((accuracy - p.chance) / (p.trusted - p.chance), 0, 1))
-        logger.debug("prior ranks own data with accuracy %.3f: relevance %.2f",
-                     accuracy, self.relevance)
 
 
 def prior_training_set(extractor: FeatureExtractor, records: Sequence[TransferRecord],
@@ -145,11 +57,6 @@ def prior_training_set(extractor: FeatureExtractor, records: Sequence[TransferRe
         if part is not None:
             parts.append(part)
     return stack(parts) if parts else None
-
-
-def stack(parts: Sequence[TrainingSet]) -> TrainingSet:
-    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
 
 
 def _featurise(extractor: FeatureExtractor, key: str, records: Sequence[TransferRecord],

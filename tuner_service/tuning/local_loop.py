@@ -30,7 +30,7 @@ def tune(workload: Workload, tuner: Tuner, trials: int, measure: Measure, batch:
     history: list[Trial] = []
     flops = workload.flops()
     first = [i for i in dict.fromkeys(initial) if tuner.space.is_valid(i)][:trials]
-    tuner.visited.update(first)
+    tuner.exclude(first)
     while len(history) < trials:
         indices = first or tuner.ask(min(batch, trials - len(history)))
         first = []
