@@ -1,4 +1,8 @@
-"""One root exception for the worker package; expected failures are subclasses callers classify."""
+"""One root exception for the worker package; expected failures are subclasses callers classify.
+
+It stands apart from ``tuner_service.errors.TunerServiceError``: a worker imports nothing of the
+server (an import-linter contract), so the two packages share no exception class.
+"""
 
 
 class WorkerError(Exception):

@@ -10,10 +10,11 @@ from sqlalchemy import select
 from schedule_templates.records import MeasureResult
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Measurement, Worker
+from tuner_service.db.states import ReportStatus
 from tuner_service.jobs import queue
 from tuner_service.jobs.create import JobSpec, create_job
 from tuner_service.jobs.driver import JobDriver
-from tuner_service.jobs.results import Outcome, store_result
+from tuner_service.jobs.results import store_result
 from tuner_service.settings import Settings
 
 
@@ -86,9 +87,9 @@ def test_results_are_idempotent_and_release_and_heartbeat(settings: Settings) ->
     ids = _claim(db, worker_id, 3)
     result = MeasureResult(costs=(1e-3, 1e-3))
     with db.session() as session:
-        assert store_result(session, ids[0], result) is Outcome.ACCEPTED
-        assert store_result(session, ids[0], result) is Outcome.DUPLICATE
-        assert store_result(session, 10**9, result) is Outcome.UNKNOWN
+        assert store_result(session, ids[0], result) is ReportStatus.ACCEPTED
+        assert store_result(session, ids[0], result) is ReportStatus.DUPLICATE
+        assert store_result(session, 10**9, result) is ReportStatus.UNKNOWN
         extended, lost = queue.heartbeat(session, worker_id, ids, 30.0)
         assert extended == ids[1:] and lost == ids[:1]
         assert queue.release(session, worker_id, ids[1:]) == ids[1:]

@@ -21,7 +21,7 @@ from pydantic import (
 
 from schedule_templates.protocol import ClaimItem, Report
 from schedule_templates.records import ErrorKind, MeasureResult
-from tuner_service.db.states import JobStatus, TaskStatus
+from tuner_service.db.states import JobStatus, ReportStatus, TaskStatus
 from tuner_service.db.types import bounded_utc
 from tuner_service.db.values import bounded_json, check_tree
 
@@ -356,8 +356,7 @@ class Rejected(BaseModel):
 
 class ResultStatus(BaseModel):
     measure_id: int
-    #: accepted, duplicate, rejected, expired, not_leased_by_you or unknown
-    status: str
+    status: ReportStatus
     reason: str = ""
 
 

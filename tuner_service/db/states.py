@@ -40,6 +40,20 @@ class MeasurementState(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class ReportStatus(enum.StrEnum):
+    """What a worker's report did to one measurement (``statuses`` of the report's answer)."""
+
+    ACCEPTED = "accepted"
+    #: finished before, by the same worker: the report changes nothing
+    DUPLICATE = "duplicate"
+    #: the result itself is unreadable or implausible (the reason says why)
+    REJECTED = "rejected"
+    #: the worker's lease lapsed before the result arrived: it is measured again
+    EXPIRED = "expired"
+    NOT_LEASED_BY_YOU = "not_leased_by_you"
+    UNKNOWN = "unknown"
+
+
 #: a job its driver still works on
 JOB_ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 #: a job that changes no more

@@ -19,7 +19,7 @@ from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.engine import Database
 from tuner_service.db.models import Job, JobTask, Measurement, Worker
-from tuner_service.db.states import MeasurementState
+from tuner_service.db.states import MeasurementState, ReportStatus
 from tuner_service.jobs.device import class_of_hardware
 from tuner_service.jobs.reports import store_reported
 from tuner_service.jobs.results import store_result
@@ -90,8 +90,8 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
         update(Measurement)
         .where(where, Measurement.state == MeasurementState.QUEUED)
         .values(state=MeasurementState.LEASED, lease_owner=worker.id,
-                lease_expires_at=utcnow_plus(lease_s),
-                claimed_at=utcnow(), attempts=Measurement.attempts + 1)
+                lease_expires_at=utcnow_plus(lease_s), claimed_at=utcnow(),
+                attempts=Measurement.attempts + 1)
         .returning(Measurement.id)
         .execution_options(synchronize_session=False)
     )
@@ -213,17 +213,18 @@ def report_results(session: Session, worker: Worker, reported: Sequence[Report],
     stored = iter(store_reported(session, worker.id, worker.device_key, storable))
     answer: dict[str, Any] = {"accepted": [], "duplicates": [], "rejected": [], "statuses": []}
     for item, problem in zip(reported, found, strict=True):
-        status, reason = ("rejected", problem) if problem else next(stored)
+        status, reason = (ReportStatus.REJECTED, problem) if problem else next(stored)
         answer["statuses"].append({"measure_id": item.measure_id, "status": status,
                                    "reason": reason})
-        if status == "accepted":
+        if status is ReportStatus.ACCEPTED:
             answer["accepted"].append(item.measure_id)
-        elif status == "duplicate":
+        elif status is ReportStatus.DUPLICATE:
             answer["duplicates"].append(item.measure_id)
         else:
             answer["rejected"].append({"measure_id": item.measure_id,
                                        "reason": f"{status}: {reason}" if reason else status})
-    refused = [s for s in answer["statuses"] if s["status"] in ("expired", "not_leased_by_you")]
+    refused = [s for s in answer["statuses"]
+               if s["status"] in (ReportStatus.EXPIRED, ReportStatus.NOT_LEASED_BY_YOU)]
     if refused:
         logger.warning("worker %d reported %d result(s) it holds no live lease for: %s",
                        worker.id, len(refused), [s["measure_id"] for s in refused[:10]])

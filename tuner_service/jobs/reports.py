@@ -28,7 +28,7 @@ from schedule_templates.records import MeasureResult
 from tuner_service.db.bulk import ids_in
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import JobTask, Measurement
-from tuner_service.db.states import MeasurementState
+from tuner_service.db.states import MeasurementState, ReportStatus
 from tuner_service.jobs.results import (
     CONFIRM,
     STORED_RESULTS_INFO,
@@ -57,21 +57,21 @@ class _Row:
 
 
 def store_reported(session: Session, worker_id: int, device_key: str,
-                   reported: Sequence[Report]) -> list[tuple[str, str]]:
+                   reported: Sequence[Report]) -> list[tuple[ReportStatus, str]]:
     """(status, reason) of each reported result, in order: accepted, duplicate, expired,
     not_leased_by_you or unknown. A measure id reported twice in one batch counts once (the
     second is a duplicate)."""
     ids = [int(r.measure_id) for r in reported]  # the server's ids (``ResultIn``) are integers
     rows = _lock_rows(session, sorted(set(ids)))
-    statuses: list[tuple[str, str]] = []
+    statuses: list[tuple[ReportStatus, str]] = []
     seen: set[int] = set()
     accepted: list[tuple[_Row, Report]] = []
     for measure_id, item in zip(ids, reported, strict=True):
-        status = ("duplicate", "") if measure_id in seen else \
+        status = (ReportStatus.DUPLICATE, "") if measure_id in seen else \
             _judge(rows.get(measure_id), worker_id, device_key)
         seen.add(measure_id)
         statuses.append(status)
-        if status[0] == "accepted":
+        if status[0] is ReportStatus.ACCEPTED:
             accepted.append((rows[measure_id], item))
     if accepted:
         _finish(session, worker_id, [item for _row, item in accepted])
@@ -97,17 +97,17 @@ def _lock_rows(session: Session, ids: list[int]) -> dict[int, _Row]:
             for row in session.execute(query)}
 
 
-def _judge(row: _Row | None, worker_id: int, device_key: str) -> tuple[str, str]:
+def _judge(row: _Row | None, worker_id: int, device_key: str) -> tuple[ReportStatus, str]:
     if row is None:
-        return "unknown", "unknown measure_id"
+        return ReportStatus.UNKNOWN, "unknown measure_id"
     mine = row.state == MeasurementState.LEASED and row.lease_owner == worker_id
     if mine and row.live and row.device_key in (None, device_key):
-        return "accepted", ""
+        return ReportStatus.ACCEPTED, ""
     if row.state == MeasurementState.DONE and row.worker_id == worker_id:
-        return "duplicate", ""
+        return ReportStatus.DUPLICATE, ""
     if mine and not row.live:
-        return "expired", EXPIRED
-    return "not_leased_by_you", NOT_LEASED
+        return ReportStatus.EXPIRED, EXPIRED
+    return ReportStatus.NOT_LEASED_BY_YOU, NOT_LEASED
 
 
 def _finish(session: Session, worker_id: int, accepted: Sequence[Report]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import math
 from typing import Any
@@ -18,7 +17,7 @@ from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.errors import DatabaseError
 from tuner_service.db.models import JobTask, Measurement, TuningLogEntry
-from tuner_service.db.states import MEASUREMENT_PENDING, MeasurementState
+from tuner_service.db.states import MEASUREMENT_PENDING, MeasurementState, ReportStatus
 from tuner_service.jobs import device
 
 logger = logging.getLogger(__name__)
@@ -41,14 +40,6 @@ class Measured:
     threads: int | None = None
 
 
-class Outcome(enum.Enum):
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    UNKNOWN = "unknown"
-    #: the measurement exists but the reporting worker does not hold its lease (now)
-    NOT_LEASED = "not_leased"
-
-
 @dataclasses.dataclass(frozen=True)
 class Lease:
     """Who must hold a measurement's live lease for a worker's result to count."""
@@ -59,12 +50,12 @@ class Lease:
 
 def store_result(session: Session, measure_id: int, result: MeasureResult,
                  peak_gflops: float | None = None, worker_id: int | None = None,
-                 lease: Lease | None = None, device: Measured | None = None) -> Outcome:
+                 lease: Lease | None = None, device: Measured | None = None) -> ReportStatus:
     """Mark a queued or leased measurement done; a second report of the same id is a duplicate.
 
     The guarded UPDATE (``state != 'done'``) makes concurrent double reports count once. With
     ``lease``, only that worker's unexpired lease on a measurement for its device key may be
-    finished (database clock); anything else is ``NOT_LEASED`` and changes nothing.
+    finished (database clock); anything else is ``NOT_LEASED_BY_YOU`` and changes nothing.
     ``device``: the class and threads the worker measured with. A job's results wait for
     its re-measurement (``jobs.confirm``) before they reach the shared log; others (imports)
     go there at once.
@@ -107,11 +98,11 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
         found = session.execute(select(Measurement.state, Measurement.worker_id)
                                 .where(Measurement.id == measure_id)).first()
         if found is None:
-            return Outcome.UNKNOWN
+            return ReportStatus.UNKNOWN
         if lease is None or (found.state == MeasurementState.DONE
                              and found.worker_id == lease.worker_id):
-            return Outcome.DUPLICATE  # finished before (by this worker, when one is named)
-        return Outcome.NOT_LEASED
+            return ReportStatus.DUPLICATE  # finished before (by this worker, when one is named)
+        return ReportStatus.NOT_LEASED_BY_YOU
     session.info.setdefault(STORED_RESULTS_INFO, []).append(int(result.error))
     if row.job_task_id is not None:
         if row.purpose != CONFIRM:
@@ -120,7 +111,7 @@ def store_result(session: Session, measure_id: int, result: MeasureResult,
         measurement = session.get(Measurement, measure_id)
         assert measurement is not None
         update_tuning_log(session, measurement, job_id=None)
-    return Outcome.ACCEPTED
+    return ReportStatus.ACCEPTED
 
 
 def _count_trial(session: Session, job_task_id: int, measure_id: int,

@@ -19,12 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tuner_service.errors import TunerServiceError
+
 logger = logging.getLogger(__name__)
 
 DEVICE_KEY = "local"
 
 
-class EmbeddedError(Exception):
+class EmbeddedError(TunerServiceError):
     """The embedded service could not start (the message says why)."""
 
 

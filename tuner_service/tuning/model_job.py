@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner_service.db.states import JOB_ACTIVE, JobStatus
+from tuner_service.errors import TunerServiceError
 from tuner_service.tuning.embedded import DEVICE_KEY, LocalWorkers, local_service
 from tuner_service.tuning.remote import ClientError, Job, JobProgress, ServiceClient
 
@@ -33,7 +34,7 @@ CONFIGS_FILE = "configs.json"
 RECORDS_FILE = "records.jsonl"
 
 
-class TuneError(Exception):
+class TuneError(TunerServiceError):
     """A model that cannot be tuned here (unreadable, nothing tunable, server refused it)."""
 
 

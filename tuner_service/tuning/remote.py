@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from tuner_service.db.states import JOB_FINAL, TaskStatus
+from tuner_service.errors import TunerServiceError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 
-class ClientError(Exception):
+class ClientError(TunerServiceError):
     """A request the server refused or could not be reached for; the message says which."""
 
 
