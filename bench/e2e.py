@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from e2e_int8 import int8_rows, quantized_model  # noqa: E402
 from e2e_models import ALL_MODELS, BenchModel, ModelUnavailable, kind_of, model_file  # noqa: E402
 from e2e_report import ratios, summary, write_docs  # noqa: E402
 from e2e_tune import MAX_TRIALS, TUNER, TuningFailed, cached, ensure_tuned, reset  # noqa: E402
@@ -122,6 +123,24 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     tunings = {m.name: {t: tuning_of(m, t, args) for t in args.threads} for m in models}
     for model in models:
         rows += model_rows(model, tunings[model.name], args)
+    if args.int8:  # the same models quantized by onnxruntime's tool (e2e_int8)
+        rows += int8_model_rows(models, args)
+    return rows
+
+
+def int8_model_rows(models: list[BenchModel], args: argparse.Namespace
+                    ) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        try:
+            quantized = quantized_model(model)
+        except ModelUnavailable as e:
+            rows += unavailable_rows(f"{model.name}-int8", str(e), args.threads)
+            continue
+        with tempfile.TemporaryDirectory(prefix="e2e-int8-") as tmp:
+            for row in int8_rows(quantized, args.threads, args.iterations, Path(tmp)):
+                row["ratios"] = ratios(row["engines"])
+                rows.append(row)
     return rows
 
 
@@ -137,6 +156,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="fresh tuning databases, cached configs ignored (everything "
                         "requested is tuned again)")
     parser.add_argument("--iterations", type=int, default=10, help="runs per measurement")
+    parser.add_argument("--int8", action="store_true",
+                        help="also time each model quantized by onnxruntime's quantize_static "
+                             "(QDQ): ours (default configs), onnxruntime and OpenVINO int8")
     parser.add_argument("--exporter", default="torchscript", choices=("torchscript", "dynamo"))
     parser.add_argument("--zoo-python", type=Path, default=ZOO_PYTHON)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

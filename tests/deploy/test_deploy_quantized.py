@@ -4,6 +4,7 @@ to within one output quantization step."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -124,3 +125,20 @@ def test_full_range_weights_stay_within_onnxruntime_saturation(tmp_path: Path) -
         x = feeds(seed)
         diff = np.abs(runner.run(x)["y"] - session.run(None, x)[0])
         assert diff.max() <= 2 * y_scale + 1e-6
+
+
+def test_cli_build_and_checked_run_of_a_quantized_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tuner run --check`` hands onnxruntime the model as it is, not our rewritten graph."""
+    from tuner_service.cli.main import main
+
+    model = quantized(tmp_path, "qdq")
+    out = tmp_path / "lib"
+    assert main(["build", str(model), "-o", str(out), "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["int8_kernels"] >= 2
+    assert main(["run", str(model), "--library", str(out), "--iterations", "1", "--check",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["int8_layers"] >= 2
+    assert report["check"]["max_rel_error"] < 1e-5

@@ -89,7 +89,8 @@ def _read_model(path: Path, args: argparse.Namespace) -> bytes | None:
     from tuner_service.compiler.frontend.loading import load_model
 
     try:
-        return bytes(load_model(path, input_shapes(args)).SerializeToString())
+        # int8_layers=False: onnxruntime (--check) reads these bytes too; the runner rewrites
+        return bytes(load_model(path, input_shapes(args), int8_layers=False).SerializeToString())
     except ModelError as e:
         print(f"error: {path}: {e}", file=sys.stderr)
         return None
@@ -180,6 +181,7 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "default": sum(k["config_source"] == "default" for k in kernels),
         "generated_layers": len(manifest.get("generated_layers", [])),
         "generated_kernels": len(manifest.get("generated", [])),
+        "int8_kernels": len(manifest.get("int8_kernels", [])),
         "threads": manifest["threads"],
         "tuned_threads": manifest.get("tuned_threads"),
     }
@@ -238,7 +240,9 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
         "latency_ms": {k[:-2]: v * 1e3 for k, v in stats.items() if k.endswith("_s")},
         "kernel_layers": len(runner.kernel_steps),
         "generated_layers": len(runner.generated_steps),
-        "numpy_steps": len(runner.steps) - len(runner.kernel_steps) - len(runner.generated_steps),
+        "int8_layers": len(runner.int8_steps),
+        "numpy_steps": (len(runner.steps) - len(runner.kernel_steps)
+                        - len(runner.generated_steps) - len(runner.int8_steps)),
         "native_calls": (sum(s.native for s in runner.plan.segments)
                          if runner.native is not None else None),
         "activation_memory": runner.plan.memory.summary(),

@@ -129,6 +129,7 @@ class ModelRunner:
         self.steps: list[Any] = []
         self.kernel_steps: list[KernelStep] = []  # tuned layers
         self.generated_steps: list[GeneratedStep] = []
+        self.int8_steps: list[Int8KernelStep] = []  # quantized layers on int8 kernels
         for planned_layer in by_last.get(-1, []):  # layout transforms of model inputs
             self._add_layer(planned_layer, library)
         for index, node in enumerate(proto.graph.node):
@@ -181,8 +182,9 @@ class ModelRunner:
         if node.domain == INT8_DOMAIN:  # a quantized layer: its int8 kernel when built
             kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
             if kernel is not None:
-                self.steps.append(Int8KernelStep(kernel, node, info, self.constants,
-                                                 self.threads))
+                step = Int8KernelStep(kernel, node, info, self.constants, self.threads)
+                self.steps.append(step)
+                self.int8_steps.append(step)
                 return
         fn = (OPS.get(node.op_type) if node.domain in ("", "ai.onnx")
               else DOMAIN_OPS.get((node.domain, node.op_type)))
@@ -245,6 +247,8 @@ class ModelRunner:
 
 
 def _step_kind(step: Any) -> str:
+    if isinstance(step, Int8KernelStep):
+        return "int8"
     if isinstance(step, GeneratedStep):
         return "generated"
     if isinstance(step, KernelStep):

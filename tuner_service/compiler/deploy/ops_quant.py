@@ -54,14 +54,25 @@ def quantize(x: Array, scale: Array, zero_point: Array, axis: int = 1) -> Array:
     zp = _per_axis(zero_point, ndim, axis)
     lo, hi = _RANGES[zp.dtype]
     value = np.asarray(x, np.float32) / _per_axis(scale, ndim, axis).astype(np.float32)
+    if zp.dtype.itemsize <= 2:  # fp32 holds every sum below 2**24 exactly: stay in fp32
+        value = np.rint(value, out=value)
+        value += zp.astype(np.float32)
+        return np.clip(value, lo, hi, out=value).astype(zp.dtype)
     q = np.rint(value).astype(np.int64) + zp.astype(np.int64)
     return np.clip(q, lo, hi).astype(zp.dtype)
 
 
 def dequantize(x: Array, scale: Array, zero_point: Array | None, axis: int = 1) -> Array:
-    ndim = np.asarray(x).ndim
+    x = np.asarray(x)
+    ndim = x.ndim
+    if x.dtype.itemsize <= 2:  # 8/16-bit: the difference is exact in fp32
+        zp32 = 0 if zero_point is None else _per_axis(zero_point, ndim, axis).astype(np.float32)
+        centered = x.astype(np.float32)
+        centered -= zp32
+        centered *= _per_axis(scale, ndim, axis).astype(np.float32)
+        return centered
     zp = 0 if zero_point is None else _per_axis(zero_point, ndim, axis).astype(np.int64)
-    centered = (np.asarray(x).astype(np.int64) - zp).astype(np.float32)
+    centered = (x.astype(np.int64) - zp).astype(np.float32)
     return (centered * _per_axis(scale, ndim, axis).astype(np.float32)).astype(np.float32)
 
 

@@ -27,7 +27,7 @@ from tuner_service.compiler.frontend.external import (
     all_tensors,
     embed_external_data,
 )
-from tuner_service.compiler.frontend.quantized import rewrite_quantized
+from tuner_service.compiler.frontend.quantized import is_quantized, rewrite_quantized
 from tuner_service.compiler.frontend.shapes import InputShapes, fold_shapes, pin_input_shapes
 
 logger = logging.getLogger(__name__)
@@ -45,15 +45,17 @@ _ONNX_REJECTIONS: tuple[type[Exception], ...] = (
 
 
 def load_model(model: ModelInput, input_shapes: InputShapes | None = None,
-               files: DataFiles | None = None) -> onnx.ModelProto:
+               files: DataFiles | None = None, int8_layers: bool = True) -> onnx.ModelProto:
     """Parse (if bytes or a path), check, inline local functions, infer every intermediate
     shape and fold shape computations.
 
     ``input_shapes`` pins graph inputs (``{"input": (1, 3, 224, 224)}``). External data is read
     from ``files`` if given, else from the folder of a ``Path``; bytes or a proto without
-    ``files`` must be self-contained. The returned proto is a new object; a ``ModelProto``
-    passed in is not modified. onnx's checker and shape inference are given serialized bytes:
-    for a model of tens of MB that is several times faster than handing them a Python proto.
+    ``files`` must be self-contained. ``int8_layers=False`` keeps a quantized model as other
+    runtimes read it (no ``Int8Layer`` rewrite, no folding). The returned proto is a new
+    object; a ``ModelProto`` passed in is not modified. onnx's checker and shape inference are
+    given serialized bytes: for a model of tens of MB that is several times faster than handing
+    them a Python proto.
     """
     if isinstance(model, Path):
         model, files = _read_path(model, files)
@@ -72,7 +74,7 @@ def load_model(model: ModelInput, input_shapes: InputShapes | None = None,
     _check(data)
     if len(proto.functions):
         data = _inline_functions(proto).SerializeToString()
-    return _static_shapes(data)
+    return _static_shapes(data, int8_layers)
 
 
 def _read_path(path: Path, files: DataFiles | None) -> tuple[bytes, DataFiles]:
@@ -105,13 +107,15 @@ def _serialize(proto: onnx.ModelProto) -> bytes:
                          f"{_first_line(e)}") from e
 
 
-def _static_shapes(data: bytes) -> onnx.ModelProto:
+def _static_shapes(data: bytes, int8_layers: bool = True) -> onnx.ModelProto:
     """Inferred shapes, then folded shape computations and inference once more.
 
     If the second inference disagrees with the folded types (which would be a bug in the
     folding, not in the model), the model is used as onnx alone inferred it.
     """
     proto = _infer_shapes(data)
+    if not int8_layers and is_quantized(proto):
+        return proto  # folding would turn the weights' DequantizeLinear into fp32 constants
     if rewrite_quantized(proto):  # quantized Conv/MatMul/Gemm -> int8 layers, before folding
         data = proto.SerializeToString()  # could fold their weights' DequantizeLinear away
     if not fold_shapes(proto):

@@ -116,8 +116,7 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
     or non-scalar activation scale, a weight zero point other than zero, ...).
     """
     graph = proto.graph
-    if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "QGemm", *_QOPERATORS)
-               for n in graph.node):
+    if not is_quantized(proto):
         return 0
     view = _Graph(graph)
     groups = list(_groups(view))
@@ -139,6 +138,12 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
         proto.opset_import.append(onnx.helper.make_opsetid(INT8_DOMAIN, 1))
     logger.debug("rewrote %d quantized layers as %s", len(groups), INT8_OP)
     return len(groups)
+
+
+def is_quantized(proto: onnx.ModelProto) -> bool:
+    """True when the graph has (de)quantization or quantized operators."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "QGemm", *_QOPERATORS)
+               for n in proto.graph.node)
 
 
 def _groups(view: _Graph) -> Iterator[_Group]:
