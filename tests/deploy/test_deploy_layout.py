@@ -64,8 +64,10 @@ def test_nchwc_library_matches_onnxruntime_and_the_plain_build(tmp_path: Path) -
     assert manifest["layout"] == {"mode": "nchwc", "block": host_block()}
     assert {k["op"] for k in manifest["kernels"]} == {"conv2d_nchwc", "depthwise_conv2d_nchwc"}
     kinds = [g["op"]["kind"] for g in manifest["generated"]]
-    # one transform in (the model input), one out (y, read by GAP and a graph output)
-    assert kinds.count("to_nchwc") == 1 and kinds.count("from_nchwc") == 1
+    # one transform in (the model input), out: y (a graph output) and the pooled g (Flatten)
+    assert kinds.count("to_nchwc") == 1 and kinds.count("from_nchwc") == 2
+    (pool,) = [g["op"] for g in manifest["generated"] if g["op"]["kind"] == "reduce"]
+    assert pool["inner"] == host_block()  # the global pool reduces blocked pixels
     # the scale + sigmoid + add chain runs blocked
     assert [len(g["op"]["shape"]) for g in manifest["generated"]
             if g["op"]["kind"] == "elementwise"] == [5]
@@ -82,8 +84,9 @@ def test_blocked_steps_read_blocked_tensors(tmp_path: Path) -> None:
     _, runner = _build(_model(), tmp_path, "nchwc")
     transforms = [s for s in runner.steps if isinstance(s, GeneratedStep)
                   and s.op.kind in ("to_nchwc", "from_nchwc")]
-    assert [s.op.kind for s in transforms] == ["to_nchwc", "from_nchwc"]
+    assert [s.op.kind for s in transforms] == ["to_nchwc", "from_nchwc", "from_nchwc"]
     assert transforms[0].inputs == ["x"] and transforms[1].outputs == ["y"]
+    assert transforms[2].outputs == ["g"]
     assert runner.steps[0] is transforms[0]  # a model input's transform runs first
 
 
@@ -125,3 +128,22 @@ def test_cli_build_takes_the_layout(tmp_path: Path) -> None:
     assert main(["build", str(path), "-o", str(tmp_path / "out"), "--layout", "nchwc"]) == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["layout"]["mode"] == "nchwc"
+
+
+def test_blocked_channel_concat_matches_onnxruntime(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    weights = {"w1": rng.standard_normal((16, 8, 1, 1)).astype(np.float32),
+               "w2": rng.standard_normal((8, 8, 3, 3)).astype(np.float32),
+               "w3": rng.standard_normal((4, 24, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["y"])]
+    model = make_model(nodes, {"x": (1, 8, 5, 6)}, {"y": (1, 4, 5, 6)}, weights)
+    manifest, runner = _build(model, tmp_path, "nchwc")
+    assert [g["op"]["kind"] for g in manifest["generated"]].count("concat") == 1
+    feeds = runner.random_feeds(2)
+    want = onnxruntime_outputs(model, feeds)["y"]
+    got = runner.run(feeds)["y"]
+    assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())

@@ -27,6 +27,8 @@ def test_mobilenet_v2_is_blocked_between_its_input_and_its_pooling() -> None:
     transforms = [g for g in plan.generated if g.op.kind in ("to_nchwc", "from_nchwc")]
     assert [g.op.kind for g in transforms] == ["to_nchwc", "from_nchwc"]
     assert plan.transforms == 2 and transforms[0].last_index == -1
+    # the global pool runs blocked: the transform out is of the pooled 1x1 map
+    assert transforms[1].op.shape[2:] == (1, 1)
     # every blocked conv reads blocked activations (its residual too) and writes one
     for before, after in zip(layers, plan.layers, strict=True):
         if after.workload.op.endswith("_nchwc"):
@@ -54,3 +56,23 @@ def test_a_chain_that_could_make_padding_nan_stays_plain() -> None:
     assert kinds.count("from_nchwc") == 2 and kinds.count("to_nchwc") == 2
     div = next(g for g in plan.generated if g.op.kind == "elementwise")
     assert set(div.inputs.values()) == {"c"} and div.output == "d"
+
+
+def test_channel_concat_of_whole_blocks_stays_blocked() -> None:
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+               for n, s in (("w1", (16, 8, 1, 1)), ("w2", (8, 8, 3, 3)), ("w3", (4, 24, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Conv", ["c", "w3"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 5, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 5, 5])],
+        initializer=weights)
+    _, plan = _plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    (concat,) = [g for g in plan.generated if g.op.kind == "concat"]
+    assert concat.output == "c@nchw8c"
+    assert set(concat.inputs.values()) == {"a@nchw8c", "b@nchw8c"}
+    assert [g.op.kind for g in plan.generated if g.op.kind.endswith("nchwc")] == [
+        "to_nchwc", "from_nchwc"]  # the input x and the output y only

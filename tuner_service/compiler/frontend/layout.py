@@ -34,6 +34,8 @@ import onnx
 from schedule_templates.ops.base import GeneratedOp
 from schedule_templates.ops.elementwise import Elementwise
 from schedule_templates.ops.layout import FromBlocked, ToBlocked
+from schedule_templates.ops.movement import Concat
+from schedule_templates.ops.reduce import Reduce
 from schedule_templates.workloads import Workload, parse_workload
 from schedule_templates.workloads.conv_nchwc import channel_blocks, to_blocked
 from tuner_service.compiler.frontend.folding import ConstantValues
@@ -96,7 +98,7 @@ class _Planner:
                     new_layers[position] = converted
                     produced.append((planned.output, planned.last_index))
             else:
-                blocked = self._elementwise(planned)  # type: ignore[arg-type]
+                blocked = self._generated(planned)  # type: ignore[arg-type]
                 if blocked is not None:
                     new_generated[position] = blocked
                     produced.append((planned.output, planned.last_index))
@@ -144,6 +146,61 @@ class _Planner:
         if tensor is None:
             return None
         return np.asarray(self.values.get(tensor), np.float32)
+
+    # -- generated operators ---------------------------------------------------------------
+
+    def _generated(self, layer: GeneratedLayer) -> GeneratedLayer | None:
+        if isinstance(layer.op, Elementwise):
+            return self._elementwise(layer)
+        if isinstance(layer.op, Reduce):
+            return self._global_pool(layer, layer.op)
+        if isinstance(layer.op, Concat):
+            return self._concat(layer, layer.op)
+        return None
+
+    def _global_pool(self, layer: GeneratedLayer, op: Reduce) -> GeneratedLayer | None:
+        """A global pool (a reduce over every pixel of each channel) of a blocked tensor reduces
+        the pixels of each channel block, ``b`` channels at a time."""
+        tensor = layer.inputs.get("x", "")
+        shape = self.shapes.get(tensor)
+        if tensor not in self.blocked or shape is None or len(shape) != 4 or op.inner != 1 \
+                or (shape[0] * shape[1], shape[2] * shape[3]) != (op.outer, op.reduced):
+            return None
+        blocks = channel_blocks(shape[1], self.block)
+        pooled = Reduce(op.mode, shape[0] * blocks, op.reduced, self.block)
+        self.shapes[layer.output] = (shape[0], shape[1], 1, 1)
+        return self._blocked_layer(layer, pooled, {"x": self.blocked[tensor]})
+
+    def _concat(self, layer: GeneratedLayer, op: Concat) -> GeneratedLayer | None:
+        """A channel concat of whole blocks is the same copy on blocked buffers (each input's
+        blocks land after the previous input's)."""
+        tensors = [layer.inputs.get(f"x{k}", "") for k in range(len(op.widths))]
+        shapes = [self.shapes.get(t) or self._graph_shape(t) for t in tensors]
+        if not any(t in self.blocked for t in tensors) or any(
+                s is None or len(s) != 4 or s[1] % self.block or s[0] != op.outer
+                or s[1] * s[2] * s[3] != w for s, w in zip(shapes, op.widths, strict=True)):
+            return None
+        first = shapes[0]
+        assert first is not None
+        self.shapes[layer.output] = (first[0], sum(s[1] for s in shapes if s), *first[2:])
+        inputs = {}
+        for k, (tensor, shape) in enumerate(zip(tensors, shapes, strict=True)):
+            self.shapes[tensor] = shape  # type: ignore[assignment]
+            inputs[f"x{k}"] = self._blocked_input(tensor)
+        return self._blocked_layer(layer, op, inputs)
+
+    def _blocked_layer(self, layer: GeneratedLayer, op: GeneratedOp, inputs: dict[str, str]
+                       ) -> GeneratedLayer:
+        self.blocked[layer.output] = blocked_name(layer.output, self.block)
+        self.blocked_nodes.update(layer.nodes)
+        return dataclasses.replace(layer, op=op, inputs={**layer.inputs, **inputs},
+                                   output=self.blocked[layer.output])
+
+    def _graph_shape(self, tensor: str) -> tuple[int, ...] | None:
+        info = self.index.tensors.get(tensor)
+        if info is None or info.dims is None or not all(isinstance(d, int) for d in info.dims):
+            return None
+        return tuple(int(d) for d in info.dims)  # type: ignore[arg-type]
 
     # -- elementwise chains ----------------------------------------------------------------
 
