@@ -96,3 +96,28 @@ def test_results_are_idempotent_and_release_and_heartbeat(settings: Settings) ->
         states = session.scalars(select(Measurement.state).where(Measurement.id.in_(ids)))
         assert sorted(states) == ["done", "queued", "queued"]
     db.dispose()
+
+
+def test_a_worker_claims_the_jobs_its_target_serves(settings: Settings) -> None:
+    """A job for ``llvm`` reaches a worker of ``llvm -mcpu=...`` (``Target.serves``), never one
+    of another kind; claims come back as typed protocol items."""
+    db = Database(settings.resolved_database_url)
+    _queued_job(db, settings, trials=4)
+    with db.session() as session:
+        specific = queue.register_worker(
+            session, {"device_key": "local", "target": "llvm  -mcpu=znver3"}, None)
+        gpu = queue.register_worker(
+            session, {"device_key": "local", "target": "cuda -arch=sm_90"}, None)
+        assert specific.target == "llvm -mcpu=znver3"  # stored as parsed
+        assert queue.live_workers(session, "llvm", "local", 60.0) == 1
+        assert queue.live_workers(session, "llvm -mcpu=znver4", "local", 60.0) == 0
+        assert queue.live_workers(session, "cuda", None, 60.0) == 1
+        specific_id, gpu_id = specific.id, gpu.id
+    assert _claim(db, gpu_id, 2) == []
+    with db.session() as session:
+        worker = session.get(Worker, specific_id)
+        assert worker is not None
+    items = queue.claim_batch(db, worker, 2, 30.0, {})
+    assert len(items) == 2
+    for item in items:
+        assert str(item.target) == "llvm" and item.candidate.decode().workload.op == "dense"
