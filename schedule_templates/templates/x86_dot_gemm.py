@@ -139,7 +139,9 @@ def dot_default(space: ConfigSpace, M: int, N: int, K: int, inst: DotInstruction
     return space.from_entities({
         "tile_m": three_way(M, mr, 96),
         "tile_n": three_way(N, nr, 256),
-        "tile_k": three_way(groups, ku, groups),  # one block: weights stay in L2 at these sizes
+        # VNNI: one block (its byte panels stay in L2 at these sizes); vpmaddwd's 16-bit panels
+        # are twice as large: blocks of 256 K values, partial sums through the workspace
+        "tile_k": three_way(groups, ku, groups if wide else 64),
         "outer_order": "nm",
         "inner_order": "nm",
         "parallel": "mn",
