@@ -21,6 +21,7 @@ from schedule_templates.codegen.cuda_c import CudaKernel, generate_cuda
 from schedule_templates.errors import DeviceCompileError, InvalidConfigError
 from schedule_templates.protocol import ClaimItem, Decoded, Target
 from schedule_templates.records import MeasureOptions
+from schedule_templates.space import ConfigSpace
 from workers.backends.base import Backend, BoundKernel, reduction_length, resolve
 from workers.backends.llvm import INPUT_SEED
 from workers.errors import BackendError
@@ -141,6 +142,9 @@ class CudaBackend(Backend):
         self._nvcc_options = list(nvcc_options)
         self._operands: collections.OrderedDict[str, _Operands] = collections.OrderedDict()
         self._cached_workloads = max(1, cached_workloads)
+        #: spaces within this GPU's limits, per (template, workload): a claim is many configs
+        #: of one task, and the facts never change for this backend
+        self._spaces: dict[tuple[str, str], ConfigSpace] = {}
 
     def check(self, task: ClaimItem) -> Decoded:
         """The common checks, then this GPU's own limits and architecture."""
@@ -148,11 +152,20 @@ class CudaBackend(Backend):
         arch = task.target.option("-arch")
         if arch is not None and arch != self.arch:
             raise InvalidConfigError(f"the task targets {arch}, this GPU is {self.arch}")
-        space = resolved.template.space(resolved.workload, self.facts)
+        space = self._space(resolved)
         if not space.is_valid(resolved.config.index):
             raise InvalidConfigError(
                 f"config {resolved.config.index} exceeds the limits of {self.facts['name']}")
         return resolved
+
+    def _space(self, resolved: Decoded) -> ConfigSpace:
+        key = (resolved.template.name, resolved.workload.key)
+        space = self._spaces.get(key)
+        if space is None:
+            if len(self._spaces) >= 64:
+                self._spaces.clear()
+            space = self._spaces[key] = resolved.template.space(resolved.workload, self.facts)
+        return space
 
     def compile(self, task: ClaimItem, resolved: Decoded | None) -> BoundKernel:
         if resolved is None:

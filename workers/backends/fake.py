@@ -82,7 +82,8 @@ class FakeBackend(Backend):
 
     def check(self, task: ClaimItem) -> Decoded | None:
         resolved = resolve(task) if self.validate else None
-        parse_workload(task.candidate.workload)
+        if resolved is None:
+            parse_workload(task.candidate.workload)  # a malformed key is refused unvalidated too
         if self.mode(task, resolved) == "invalid":
             raise InvalidConfigError(f"fake: config {config_index(task, resolved)} is invalid")
         return resolved

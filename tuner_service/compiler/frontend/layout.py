@@ -83,6 +83,7 @@ class _Planner:
         self.transforms: list[GeneratedLayer] = []
         self.blocked_nodes: set[str] = set()
         self.shapes: dict[str, tuple[int, ...]] = {}  # plain NCHW shapes of the tensors seen
+        self.plain_reads: set[str] = set()  # tensors blocked layers read in the plain layout
 
     def run(self, layers: Sequence[Layer], generated: Sequence[GeneratedLayer]) -> LayoutPlan:
         order = sorted([(layer.last_index, 0, n, layer) for n, layer in enumerate(layers)]
@@ -228,6 +229,8 @@ class _Planner:
                 if name in full:
                     self.shapes[inputs[name]] = op.shape
                 inputs[name] = self._blocked_input(inputs[name])
+            elif name in inputs:
+                self.plain_reads.add(inputs[name])  # a one-element activation, read plain
         self.shapes[layer.output] = op.shape
         blocked_op = Elementwise(_blocked_shape(op.shape, self.block), tuple(shapes), op.program)
         self.blocked[layer.output] = blocked_name(layer.output, self.block)
@@ -276,7 +279,7 @@ class _Planner:
                                               target, index))
 
     def _needs_plain(self, tensor: str) -> bool:
-        if tensor in {o.name for o in self.graph.output}:
+        if tensor in self.plain_reads or tensor in {o.name for o in self.graph.output}:
             return True
         return any(tensor in node.input and node_name(node, i) not in self.blocked_nodes
                    for i, node in enumerate(self.graph.node))
