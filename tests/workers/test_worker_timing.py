@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schedule_templates.records import MeasureOptions
-from workers.measure.timing import MAX_GROWTH, grow_number, time_protocol
+from workers.backends.timing import MAX_GROWTH, grow_number, time_protocol
 
 
 class FakeKernel:

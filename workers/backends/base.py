@@ -18,6 +18,7 @@ import numpy as np
 from schedule_templates.errors import InvalidConfigError
 from schedule_templates.protocol import ClaimItem, Decoded
 from schedule_templates.records import MeasureOptions
+from workers.backends.timing import time_protocol
 from workers.compile_cache import CompileKey
 from workers.hardware import llc_bytes
 
@@ -75,9 +76,6 @@ class Backend(ABC):
 
     def run(self, kernel: BoundKernel, options: MeasureOptions) -> tuple[float, ...]:
         """The timed protocol: seconds of one run per sample."""
-        # Imported here: workers.measure imports this module (the runner drives backends).
-        from workers.measure.timing import time_protocol
-
         flush = self.flush_bytes if options.flush_cache else 0
         return time_protocol(kernel.run, options, flush_bytes=flush)
 

@@ -24,6 +24,7 @@ from schedule_templates.records import MeasureOptions
 from schedule_templates.space import ConfigSpace
 from workers.backends.base import Backend, BoundKernel, reduction_length, resolve
 from workers.backends.llvm import INPUT_SEED
+from workers.backends.timing import grow_number
 from workers.errors import BackendError
 
 logger = logging.getLogger(__name__)
@@ -200,8 +201,6 @@ class CudaBackend(Backend):
 
     def run(self, kernel: BoundKernel, options: MeasureOptions) -> tuple[float, ...]:
         """The run protocol timed by CUDA events around ``number`` back-to-back launches."""
-        from workers.measure.timing import grow_number
-
         assert isinstance(kernel, _CudaKernel)
         start, end = self._drv.Event(), self._drv.Event()
         kernel.run()  # warm-up

@@ -1,8 +1,9 @@
-"""Measuring candidates: the run protocol, the in-process runner and process isolation."""
+"""Measuring candidates: the in-process runner and process isolation (the run protocol each
+backend times itself with is ``workers.backends.timing``)."""
 
+from workers.backends.timing import time_protocol
 from workers.measure.pool import IsolatedMeasurer
 from workers.measure.runner import Phase, compare_output, measure_candidate, measure_task
-from workers.measure.timing import time_protocol
 
 __all__ = [
     "IsolatedMeasurer",
