@@ -222,6 +222,7 @@ def test_conv_int8_reference_is_the_definition(key):
 @pytest.mark.parametrize("key", [
     "conv2d_int8:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1",
     "conv2d_int8:N=1,C=16,H=8,W=8,K=32,R=1,S=1,bias=s32",  # pixels stored in place
+    "conv2d_int8:N=3,C=8,H=8,W=4,K=12,R=1,S=1,groups=4,out=f32",  # in place, per image, group
     "conv2d_int8:N=1,C=12,H=6,W=5,K=20,R=1,S=1,out=s8,scale=tensor,bias=s32",
     "conv2d_int8:N=2,C=6,H=9,W=8,K=10,R=3,S=3,stride=2,pad=1,out=f32",
     "conv2d_int8:N=1,C=16,H=7,W=7,K=16,R=3,S=3,pad=1,groups=16,bias=s32",  # depthwise
