@@ -6,7 +6,7 @@ Compiles the template's default config (or ``--config``) for this host, disassem
 with ``objdump`` and prints the instruction counts of the innermost loop that does the arithmetic:
 the loop (a backward branch's range) holding the most dot-product or FMA instructions, the
 smallest such when several tie. Shows whether a kernel really runs on ``vpdpbusd`` (VNNI),
-``vpmaddwd`` (the int8 path of AVX2 hosts),
+``vpmaddwd`` (the int8 path of AVX2 hosts), ``vpmulld`` (int8 depthwise),
 ``vdpbf16ps`` (AVX-512 BF16) or ``vfmadd`` (fp32), and what else the loop spends issue slots on.
 """
 
@@ -27,7 +27,7 @@ from schedule_templates.codegen.llvm_jit import emit_object
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
 
-ARITHMETIC = ("vpdpbusd", "vpmaddwd", "vdpbf16ps", "vfmadd")
+ARITHMETIC = ("vpdpbusd", "vpmaddwd", "vpmulld", "vdpbf16ps", "vfmadd")
 _LINE = re.compile(r"\s+([0-9a-f]+):\s+(\S+)\s*(.*)")
 _TARGET = re.compile(r"([0-9a-f]+) <")
 
