@@ -12,6 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.protocol import Target
 from schedule_templates.workloads import Workload, parse_workload
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task
@@ -46,7 +47,9 @@ def create_job(session: Session, spec: JobSpec, budget: ResourceBudget | None = 
         session, spec.workloads)
     if budget is not None:
         budget.check_workloads(_parsed(tasks))
-    job = Job(model_id=spec.model_id, target=spec.target, device_key=spec.device_key,
+    # stored as parsed: claims match it against workers' targets (``Target.served``)
+    job = Job(model_id=spec.model_id, target=str(Target.parse(spec.target)),
+              device_key=spec.device_key,
               trials_per_task=spec.trials_per_task, tuner=spec.tuner, options=spec.options,
               threads=spec.threads, status=JobStatus.QUEUED, message="",
               owner_token_id=spec.owner_token_id)
