@@ -65,11 +65,7 @@ def closest_rows(rows: Sequence[Any], device_class: str) -> list[Any]:
     return list(rows)
 
 
-def _result(costs: list[Any] | None, error: int | None) -> MeasureResult:
+def _result(costs: list[Any] | None, error: ErrorKind | None) -> MeasureResult:
     if not error and costs:
         return MeasureResult(tuple(float(c) for c in costs))
-    try:
-        kind = ErrorKind(error or ErrorKind.UNKNOWN)
-    except ValueError:
-        kind = ErrorKind.UNKNOWN
-    return MeasureResult.failure(kind, "")
+    return MeasureResult.failure(error or ErrorKind.UNKNOWN, "")
