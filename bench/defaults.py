@@ -38,7 +38,8 @@ from tuner_service.compiler.frontend.samples import SAMPLE_MODELS, sample_model_
 
 #: layers of zoo models whose kinds the samples lack (read off the torchvision architectures):
 #: ResNet-50 bottlenecks, MobileNet-v3 / EfficientNet-B0 depthwise 5x5 and squeeze-excite
-#: denses, DenseNet-121's growth convs, ViT-B/16's patch embedding, denses and attention
+#: denses, DenseNet-121's growth convs, ViT-B/16's patch embedding, denses and attention,
+#: SqueezeNet 1.1's output extents without small divisors (111, 55, 27, 13)
 ZOO_LAYERS = (
     "conv2d:N=1,C=256,H=56,W=56,K=64,R=1,S=1",
     "conv2d:N=1,C=64,H=56,W=56,K=256,R=1,S=1",
@@ -49,6 +50,11 @@ ZOO_LAYERS = (
     "conv2d:N=1,C=128,H=14,W=14,K=32,R=3,S=3,pad=1",
     "conv2d:N=1,C=3,H=224,W=224,K=768,R=16,S=16,stride=16",
     "conv2d:N=1,C=40,H=28,W=28,K=240,R=1,S=1",
+    "conv2d:N=1,C=3,H=224,W=224,K=64,R=3,S=3,stride=2",
+    "conv2d:N=1,C=128,H=55,W=55,K=16,R=1,S=1",
+    "conv2d:N=1,C=16,H=55,W=55,K=64,R=3,S=3,pad=1",
+    "conv2d:N=1,C=32,H=27,W=27,K=128,R=3,S=3,pad=1",
+    "conv2d:N=1,C=512,H=13,W=13,K=1000,R=1,S=1",
     "depthwise_conv2d:N=1,C=240,H=28,W=28,R=5,S=5,pad=2",
     "depthwise_conv2d:N=1,C=672,H=14,W=14,R=5,S=5,stride=2,pad=2",
     "depthwise_conv2d:N=1,C=72,H=56,W=56,R=5,S=5,stride=2,pad=2",
