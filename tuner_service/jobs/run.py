@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.records import MeasureResult
 from schedule_templates.space import ConfigSpace
+from schedule_templates.templates.base import template_by_name
 from schedule_templates.workloads import parse_workload
 from tuner_service.cost_model import PriorCache
 from tuner_service.db.bulk import ids_in, insert_rows
@@ -40,7 +41,6 @@ from tuner_service.jobs.queue import serving_workers
 from tuner_service.jobs.results import CONFIRM, measurement_result
 from tuner_service.jobs.scheduler import TaskLoad, TaskScheduler, best_curve
 from tuner_service.jobs.seeds import known_device, seed_configs, take_seeds
-from tuner_service.jobs.templates import template_named
 from tuner_service.jobs.transfer import transfer_records
 from tuner_service.tuners import TRANSFER_TUNERS, Tuner, make_tuner
 
@@ -329,7 +329,7 @@ def _rebuild_task(session: Session, job: Job, jt: JobTask, workload_key: str,
                   known: DeviceQuery | None, priors: PriorCache | None = None
                   ) -> tuple[TaskRun, list[Measurement]]:
     """A fresh tuner for one task, plus its finished measurements to replay with ``tell``."""
-    template = template_named(jt.template or "")
+    template = template_by_name(jt.template or "")
     workload = parse_workload(workload_key)
     # GPU templates filter configs by the limits the job's workers reported (same indices)
     device = _reported_gpu(session, job) if template.target_kind == "cuda" else None
