@@ -42,7 +42,7 @@ def _int8_steps(runner: ModelRunner) -> tuple[list[str], list[str]]:
     """(Int8Layer nodes run by our kernels, those run by the numpy reference)."""
     kernels = [s.layer for s in runner.steps if isinstance(s, Int8KernelStep)]
     numpy = [s.info.name for s in runner.steps if isinstance(s, NumpyStep)
-             and s.node.domain == INT8_DOMAIN]
+             and (s.node.domain, s.node.op_type) == (INT8_DOMAIN, "Int8Layer")]
     return kernels, numpy
 
 

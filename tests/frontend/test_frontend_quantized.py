@@ -42,6 +42,7 @@ def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> 
     proto = load_model(quantized(tmp_path, "qdq"))
     ops = [(n.domain, n.op_type) for n in proto.graph.node]
     assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3
+    assert ops.count((INT8_DOMAIN, "Int8Add")) == 1  # the MatMul's bias, quantized by QDQ
     assert not {"Conv", "MatMul", "Gemm"} & {op for _, op in ops}
     again = load_model(proto)  # rewriting a rewritten model changes nothing
     assert [n.op_type for n in again.graph.node] == [n.op_type for n in proto.graph.node]

@@ -240,6 +240,20 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     return [result.reshape(tuple(node.get("shape")))]
 
 
+def _int8_add(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
+    """``tuner.int8`` Int8Add: the unfused DequantizeLinear x2 -> Add [-> Relu] ->
+    QuantizeLinear, in one pass (same fp32 operations, same order)."""
+    a = dequantize(required(inputs, 0, node), np.array(node.get("a_scale"), np.float32),
+                   np.array(node.get("a_zero_point"), np.int32))
+    b = dequantize(required(inputs, 1, node), np.array(node.get("b_scale"), np.float32),
+                   np.array(node.get("b_zero_point"), np.int32))
+    value = a + b
+    if node.get("relu", 0):
+        np.maximum(value, np.float32(0), out=value)
+    zp = np.array(node.get("y_zero_point"), np.uint8 if node.get("out") == "u8" else np.int8)
+    return [quantize(value, np.array(node.get("y_scale"), np.float32), zp)]
+
+
 #: int8 products without a kernel in model libraries (reported with the Int8Layer steps)
 _INT8_ANCHORS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
                            "QGemm"})
@@ -259,6 +273,7 @@ DOMAIN_OPS: dict[tuple[str, str], OpFn] = {
     ("com.microsoft", "QLinearGlobalAveragePool"): _qlinear_global_average_pool,
     ("com.microsoft", "QGemm"): _qgemm,
     (INT8_DOMAIN, INT8_OP): _int8_layer,
+    (INT8_DOMAIN, "Int8Add"): _int8_add,
 }
 
 
@@ -281,7 +296,8 @@ def warn_int8_reference(steps: Sequence[object]) -> int:
 
 
 def _is_int8_layer(node: onnx.NodeProto | None) -> bool:
-    return node is not None and (node.domain == INT8_DOMAIN or node.op_type in _INT8_ANCHORS)
+    return node is not None and ((node.domain, node.op_type) == (INT8_DOMAIN, INT8_OP)
+                                 or node.op_type in _INT8_ANCHORS)
 
 
 def _attribute_text(node: onnx.NodeProto, key: str) -> str:

@@ -46,8 +46,8 @@ _QGEMM = ("com.microsoft", "QGemm")
 
 
 @dataclasses.dataclass
-class _Group:
-    """Nodes one Int8Layer replaces; it takes the place of the last of them."""
+class Group:
+    """Nodes one ``tuner.int8`` node replaces; it takes the place of the last of them."""
 
     nodes: set[int]
     node: onnx.NodeProto
@@ -71,7 +71,7 @@ class _Parts:
     absorbed: set[int]
 
 
-class _Graph:
+class QuantGraph:
     """Constants, producers and readers of a graph."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
@@ -110,18 +110,27 @@ class _Graph:
 
 
 def rewrite_quantized(proto: onnx.ModelProto) -> int:
-    """Replace every recognised quantized layer of ``proto`` in place; returns how many.
+    """Replace every recognised quantized layer of ``proto`` in place, then the quantized
+    residual additions between them (``quantized_glue``); returns how many nodes were made.
 
     Raises ModelError for a quantized layer whose parameters are inconsistent (a non-constant
     or non-scalar activation scale, a weight zero point other than zero, ...).
     """
-    graph = proto.graph
+    from tuner_service.compiler.frontend.quantized_glue import int8_add_groups
+
     if not is_quantized(proto):
         return 0
-    view = _Graph(graph)
-    groups = list(_groups(view))
+    made = apply_groups(proto, list(_groups(QuantGraph(proto.graph))))
+    made += apply_groups(proto, list(int8_add_groups(QuantGraph(proto.graph))))
+    logger.debug("rewrote %d quantized nodes into the %s domain", made, INT8_DOMAIN)
+    return made
+
+
+def apply_groups(proto: onnx.ModelProto, groups: list[Group]) -> int:
+    """Put each group's node in the place of its last node and drop the others."""
     if not groups:
         return 0
+    graph = proto.graph
     by_last = {group.last: group for group in groups}
     removed = set().union(*(group.nodes for group in groups))
     nodes = []
@@ -136,7 +145,6 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
         graph.initializer.extend(group.initializers)
     if not any(entry.domain == INT8_DOMAIN for entry in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(INT8_DOMAIN, 1))
-    logger.debug("rewrote %d quantized layers as %s", len(groups), INT8_OP)
     return len(groups)
 
 
@@ -146,7 +154,7 @@ def is_quantized(proto: onnx.ModelProto) -> bool:
                for n in proto.graph.node)
 
 
-def _groups(view: _Graph) -> Iterator[_Group]:
+def _groups(view: QuantGraph) -> Iterator[Group]:
     claimed: set[int] = set()
     for position, node in enumerate(view.graph.node):
         if position in claimed or (node.domain not in _DEFAULT
@@ -167,7 +175,7 @@ def _groups(view: _Graph) -> Iterator[_Group]:
             yield group
 
 
-def _scalar(view: _Graph, name: str, role: str, node: str) -> np.ndarray:
+def scalar_constant(view: QuantGraph, name: str, role: str, node: str) -> np.ndarray:
     value = view.constant(name) if name else None
     if value is None:  # computed at run time: the node stays as it is (numpy runs it)
         raise UnmappableNode(f"the {role} {name!r} is not a constant")
@@ -177,7 +185,7 @@ def _scalar(view: _Graph, name: str, role: str, node: str) -> np.ndarray:
     return value.reshape(1)
 
 
-def _weight_zero(view: _Graph, name: str, node: str) -> None:
+def _weight_zero(view: QuantGraph, name: str, node: str) -> None:
     zp = view.constant(name) if name else np.zeros(1, np.int8)
     if zp is None:
         raise UnmappableNode(f"the weight zero point {name!r} is not a constant")
@@ -187,7 +195,7 @@ def _weight_zero(view: _Graph, name: str, node: str) -> None:
                          "weight_type=QuantType.QInt8)")
 
 
-def _channel_scale(view: _Graph, name: str, channels: int, node: str) -> np.ndarray:
+def _channel_scale(view: QuantGraph, name: str, channels: int, node: str) -> np.ndarray:
     value = view.constant(name)
     if value is None:
         raise UnmappableNode(f"the weight scale {name!r} is not a constant")
@@ -197,7 +205,7 @@ def _channel_scale(view: _Graph, name: str, channels: int, node: str) -> np.ndar
     return value.astype(np.float32).reshape(-1)
 
 
-def _qdq_group(view: _Graph, position: int) -> _Group | None:
+def _qdq_group(view: QuantGraph, position: int) -> Group | None:
     """A Conv/MatMul/Gemm between DequantizeLinear inputs (and, optionally, a Quantize)."""
     anchor = view.graph.node[position]
     name = anchor.name or f"{anchor.op_type}_{position}"
@@ -211,8 +219,8 @@ def _qdq_group(view: _Graph, position: int) -> _Group | None:
         return None
     if view.info.tensors[x_q].elem_type != onnx.TensorProto.UINT8:
         return None
-    x_scale = _scalar(view, dq_x.input[1], "activation scale", name)
-    x_zp = _scalar(view, dq_x.input[2], "activation zero point", name) if len(
+    x_scale = scalar_constant(view, dq_x.input[1], "activation scale", name)
+    x_zp = scalar_constant(view, dq_x.input[2], "activation zero point", name) if len(
         dq_x.input) > 2 and dq_x.input[2] else np.zeros(1, np.uint8)
     _weight_zero(view, dq_w.input[2] if len(dq_w.input) > 2 else "", name)
     fp32, weight, channels = _anchor_geometry(view, anchor, w_q)
@@ -234,7 +242,7 @@ def _qdq_group(view: _Graph, position: int) -> _Group | None:
     return _finish(view, parts, fp32, name)
 
 
-def _qdq_bias(view: _Graph, anchor: onnx.NodeProto, name: str
+def _qdq_bias(view: QuantGraph, anchor: onnx.NodeProto, name: str
               ) -> tuple[np.ndarray, int] | bool | None:
     """(int32 bias, its DequantizeLinear's position), None without a bias, False when the
     bias is not an int32 constant behind a DequantizeLinear (the layer stays fp32)."""
@@ -249,7 +257,7 @@ def _qdq_bias(view: _Graph, anchor: onnx.NodeProto, name: str
     return value.reshape(-1).astype(np.int32), view.producer[anchor.input[2]]
 
 
-def _anchor_geometry(view: _Graph, anchor: onnx.NodeProto, w_q: np.ndarray
+def _anchor_geometry(view: QuantGraph, anchor: onnx.NodeProto, w_q: np.ndarray
                      ) -> tuple[Workload, np.ndarray, int]:
     """(the fp32 workload, the int8 weight in the int8 workload's layout, output channels)."""
     from tuner_service.compiler.frontend.conv import map_conv
@@ -277,7 +285,7 @@ def _attr(node: onnx.NodeProto, key: str, default: float) -> float:
     return default
 
 
-def _finish(view: _Graph, parts: _Parts, fp32: Workload, name: str) -> _Group:
+def _finish(view: QuantGraph, parts: _Parts, fp32: Workload, name: str) -> Group:
     """Follow the anchor's output through an optional Relu to a QuantizeLinear."""
     output = view.graph.node[parts.anchor].output[0]
     nodes, relu = set(parts.absorbed), False
@@ -290,8 +298,8 @@ def _finish(view: _Graph, parts: _Parts, fp32: Workload, name: str) -> _Group:
     y_zp: np.ndarray | None = None
     scale = parts.scale
     if quant is not None and quant.op_type == "QuantizeLinear" and quant.domain in _DEFAULT:
-        y_scale = _scalar(view, quant.input[1], "output scale", name)
-        y_zp = _scalar(view, quant.input[2], "output zero point", name) if len(
+        y_scale = scalar_constant(view, quant.input[1], "output scale", name)
+        y_zp = scalar_constant(view, quant.input[2], "output zero point", name) if len(
             quant.input) > 2 and quant.input[2] else np.zeros(1, np.uint8)
         scale = (scale / np.float32(y_scale[0])).astype(np.float32)
         output = quant.output[0]
@@ -316,9 +324,9 @@ def _int8_workload(fp32: Workload, y_zp: np.ndarray | None, scale: np.ndarray,
     return int8_conv(fp32, out=out, scale=per, bias=with_bias)
 
 
-def _make_group(view: _Graph, parts: _Parts, nodes: set[int], workload: Workload,
+def _make_group(view: QuantGraph, parts: _Parts, nodes: set[int], workload: Workload,
                 scale: np.ndarray, y_zp: np.ndarray | None, relu: bool, output: str,
-                name: str) -> _Group:
+                name: str) -> Group:
     try:
         shape = view.info.static_shape(output, "output")
     except UnmappableNode:  # an operator onnx has no schema for (QGemm): the kernel's shape
@@ -337,7 +345,7 @@ def _make_group(view: _Graph, parts: _Parts, nodes: set[int], workload: Workload
         inputs.pop()
     node = onnx.helper.make_node(INT8_OP, inputs, [output], f"{name}", domain=INT8_DOMAIN,
                                  workload=workload.key, relu=int(relu), shape=list(shape))
-    return _Group(nodes, node, initializers)
+    return Group(nodes, node, initializers)
 
 
 # operator -> positions of (y_scale, y_zero_point, bias); data, scales and weight come first
@@ -349,7 +357,7 @@ def _input(node: onnx.NodeProto, position: int) -> str:
     return node.input[position] if 0 <= position < len(node.input) else ""
 
 
-def _qoperator_group(view: _Graph, position: int) -> _Group | None:
+def _qoperator_group(view: QuantGraph, position: int) -> Group | None:
     """QLinearConv / QLinearMatMul / QGemm with a constant int8 weight and uint8 activations."""
     node = view.graph.node[position]
     name = node.name or f"{node.op_type}_{position}"
@@ -358,8 +366,8 @@ def _qoperator_group(view: _Graph, position: int) -> _Group | None:
     if w_q is None or w_q.dtype != np.int8 or info is None or (
             info.elem_type != onnx.TensorProto.UINT8):
         return None
-    x_scale = _scalar(view, node.input[1], "activation scale", name)
-    x_zp = _scalar(view, node.input[2], "activation zero point", name)
+    x_scale = scalar_constant(view, node.input[1], "activation scale", name)
+    x_zp = scalar_constant(view, node.input[2], "activation zero point", name)
     _weight_zero(view, _input(node, 5), name)
     y_at, zp_at, bias_at = _QOPERATOR_INPUTS[node.op_type]
     anchor = onnx.helper.make_node(_QOPERATOR_ANCHOR[node.op_type],
@@ -369,8 +377,8 @@ def _qoperator_group(view: _Graph, position: int) -> _Group | None:
     scale = (np.float32(x_scale[0]) * _channel_scale(view, node.input[4], channels, name))
     y_zp = None
     if _input(node, y_at):  # QGemm without y_scale has an fp32 output
-        scale = scale / np.float32(_scalar(view, node.input[y_at], "output scale", name)[0])
-        y_zp = (_scalar(view, _input(node, zp_at), "output zero point", name)
+        scale = scale / np.float32(scalar_constant(view, node.input[y_at], "output scale", name)[0])
+        y_zp = (scalar_constant(view, _input(node, zp_at), "output zero point", name)
                 if _input(node, zp_at) else np.zeros(1, np.uint8))
     bias = view.constant(_input(node, bias_at)) if _input(node, bias_at) else None
     if _input(node, bias_at) and bias is None:

@@ -1,0 +1,91 @@
+"""Quantized residual additions: ``DequantizeLinear(a) + DequantizeLinear(b) [-> Relu] ->
+QuantizeLinear`` (what ``quantize_static`` writes for a ResNet block's shortcut, and what
+onnxruntime fuses into QLinearAdd) becomes one ``tuner.int8`` ``Int8Add`` node reading the two
+8-bit tensors: one pass instead of two dequantizations, an fp32 add and a quantization.
+
+Its numpy step (``deploy.ops_quant``) computes exactly what the unfused nodes compute: each
+operand dequantized in fp32, the sum (ReLU'd), divided by the output scale, rounded half to
+even, shifted by the zero point and saturated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnx.helper
+
+from tuner_service.compiler.frontend.errors import UnmappableNode
+from tuner_service.compiler.frontend.quantized import Group, QuantGraph, scalar_constant
+from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
+
+logger = logging.getLogger(__name__)
+
+INT8_ADD = "Int8Add"
+_EIGHT_BIT = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)
+
+
+def int8_add_groups(view: QuantGraph) -> Iterator[Group]:
+    claimed: set[int] = set()
+    for position, node in enumerate(view.graph.node):
+        if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or position in claimed:
+            continue
+        try:
+            group = _add_group(view, position)
+        except UnmappableNode as e:
+            logger.debug("Add %s stays fp32: %s", node.name or position, e)
+            continue
+        if group is not None and not claimed & group.nodes:
+            claimed |= group.nodes
+            yield group
+
+
+def _operand(view: QuantGraph, name: str, node: str) -> tuple[str, float, int, int] | None:
+    """(8-bit tensor, scale, zero point, position of its DequantizeLinear) behind ``name``."""
+    dq = view.made_by(name, "DequantizeLinear")
+    if dq is None:
+        return None
+    info = view.info.tensors.get(dq.input[0])
+    if info is None or info.elem_type not in _EIGHT_BIT:
+        return None
+    scale = scalar_constant(view, dq.input[1], "scale", node)
+    zp = (scalar_constant(view, dq.input[2], "zero point", node)
+          if len(dq.input) > 2 and dq.input[2] else np.zeros(1, np.uint8))
+    return dq.input[0], float(scale[0]), int(zp[0]), view.producer[name]
+
+
+def _add_group(view: QuantGraph, position: int) -> Group | None:
+    add = view.graph.node[position]
+    name = add.name or f"Add_{position}"
+    if len(add.input) != 2:
+        return None
+    a = _operand(view, add.input[0], name)
+    b = _operand(view, add.input[1], name)
+    if a is None or b is None:
+        return None
+    nodes = {position}
+    nodes |= {operand[3] for operand, tensor in ((a, add.input[0]), (b, add.input[1]))
+              if view.only_reader(tensor) == position}
+    output, relu = add.output[0], False
+    nxt = view.only_reader(output)
+    if nxt is not None and view.graph.node[nxt].op_type == "Relu":
+        relu, output = True, view.graph.node[nxt].output[0]
+        nodes.add(nxt)
+        nxt = view.only_reader(output)
+    quant = view.graph.node[nxt] if nxt is not None else None
+    if quant is None or quant.op_type != "QuantizeLinear":
+        return None
+    y_scale = scalar_constant(view, quant.input[1], "output scale", name)
+    y_zp = (scalar_constant(view, quant.input[2], "output zero point", name)
+            if len(quant.input) > 2 and quant.input[2] else np.zeros(1, np.uint8))
+    if y_zp.dtype not in (np.uint8, np.int8):
+        return None
+    nodes.add(nxt)  # type: ignore[arg-type]
+    node = onnx.helper.make_node(
+        INT8_ADD, [a[0], b[0]], [quant.output[0]], name, domain=INT8_DOMAIN,
+        a_scale=a[1], a_zero_point=a[2], b_scale=b[1], b_zero_point=b[2],
+        y_scale=float(y_scale[0]), y_zero_point=int(y_zp[0]),
+        out="u8" if y_zp.dtype == np.uint8 else "s8", relu=int(relu))
+    return Group(nodes, node, [])
