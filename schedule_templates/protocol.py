@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedule_templates.errors import InvalidConfigError, ScheduleError
 from schedule_templates.records import MeasureOptions, MeasureResult
+from schedule_templates.workloads import parse_workload
 
 if TYPE_CHECKING:
     from schedule_templates.space import Config
@@ -112,7 +113,7 @@ class Candidate:
 
     @classmethod
     def of(cls, template: Template, workload: Workload, config: Config) -> Candidate:
-        """The candidate of objects already checked (the server's enqueue)."""
+        """The candidate of objects this process holds (a config of the template's space)."""
         return cls(template.name, workload.key, config.to_json(), int(template.version))
 
     @property
@@ -123,9 +124,8 @@ class Candidate:
     def decode(self) -> Decoded:
         """Parse the workload, find the template and check the config against its space;
         InvalidConfigError / InvalidWorkloadError name what does not fit."""
-        # Imported here: the template registry pulls in every template module.
+        # Imported here: templates.base imports this module (``Target``).
         from schedule_templates.templates.base import template_by_name
-        from schedule_templates.workloads import parse_workload
 
         workload = parse_workload(self.workload)
         template = template_by_name(self.template)
