@@ -76,3 +76,21 @@ def test_channel_concat_of_whole_blocks_stays_blocked() -> None:
     assert set(concat.inputs.values()) == {"a@nchw8c", "b@nchw8c"}
     assert [g.op.kind for g in plan.generated if g.op.kind.endswith("nchwc")] == [
         "to_nchwc", "from_nchwc"]  # the input x and the output y only
+
+
+def test_a_one_element_activation_read_as_a_scalar_keeps_its_plain_form() -> None:
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+               for n, s in (("w1", (8, 8, 1, 1)), ("w2", (1, 8, 4, 4)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["a", "w2"], ["s"]),  # (1, 1, 1, 1)
+             helper.make_node("Mul", ["a", "s"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 4, 4])],
+        initializer=weights)
+    _, plan = _plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    (mul,) = [g for g in plan.generated if g.op.kind == "elementwise"]
+    assert mul.output == "y@nchw8c" and "s" in mul.inputs.values()
+    back = [g for g in plan.generated if g.op.kind == "from_nchwc"]
+    assert {g.output for g in back} == {"s", "y"}
