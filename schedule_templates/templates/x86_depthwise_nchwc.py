@@ -46,6 +46,8 @@ from schedule_templates.templates.x86_nchwc_window import (
 )
 from schedule_templates.workloads import DepthwiseConv2dNCHWc, Workload
 
+#: widest default register tile (pixels)
+MAX_DEFAULT_PIXELS = 8
 #: largest zero-bordered plane (floats, slack included) copied into a thread's stack buffer
 MAX_LOCAL_PLANE = 64 * 1024
 
@@ -83,7 +85,9 @@ class DepthwiseConv2dNCHWcX86(Template):
 
     def default_config(self, workload: Workload) -> Config:
         wl = as_workload(workload, DepthwiseConv2dNCHWc)
-        pixels = _accumulators(wl.block)
+        # at most 8 pixels: 56-wide rows of 14-pixel tiles ran at 24 GFLOPS, of 4-8 at 33
+        # (AVX2, one core, CPU time on a loaded machine); a 7-wide row stays one tile
+        pixels = min(_accumulators(wl.block), MAX_DEFAULT_PIXELS)
         # two rows of a narrow map share the loads of their overlapping taps
         owt = balanced_width(wl.out_w, pixels if wl.out_w > pixels // 2 else pixels // 2)
         oht = largest_divisor(wl.out_h, max(1, pixels // owt), prefer=(2, 1))
