@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from schedule_templates.space import divisors
 
 #: fp32 lanes of one AVX-512 register; the register budget below is counted in these
@@ -58,3 +61,31 @@ def padded_spatial(extent: int) -> int:
     while all(padded % d for d in SPATIAL_TILES):
         padded += 1
     return padded
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterFile:
+    """What a default register tile may hold: ``accumulators`` vector registers of ``lanes``
+    fp32 lanes each."""
+
+    lanes: int
+    accumulators: int
+
+    def vregs(self, width: int) -> int:
+        return -(-width // self.lanes)
+
+
+#: 32 zmm registers, the budget the defaults were measured with
+AVX512 = RegisterFile(LANES, ACC_REGISTERS)
+#: 16 ymm (or xmm) registers: 14 accumulators, a weight vector and a broadcast (a 14-pixel by
+#: 32-channel tile, 28 zmm, is 56 ymm: spilled, a 1x1 conv ran at half the speed of 7 x 16)
+NARROW_ACCUMULATORS = 14
+
+
+@functools.cache
+def host_registers() -> RegisterFile:
+    """The register file of this host's widest vectors (the JIT compiles for the host)."""
+    from schedule_templates.codegen.llvm_jit import host_vector_lanes
+
+    lanes = host_vector_lanes()
+    return AVX512 if lanes >= LANES else RegisterFile(lanes, NARROW_ACCUMULATORS)

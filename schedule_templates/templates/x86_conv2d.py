@@ -40,6 +40,8 @@ from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpa
 from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.choose import (
     ACC_REGISTERS,
+    LANES,
+    host_registers,
     largest_divisor,
     padded_spatial,
     vregs,
@@ -109,8 +111,11 @@ class Conv2dX86(Template):
                 "unroll_s": "unroll",
                 "algorithm": algorithm,
             })
-        kt = largest_divisor(wl.K, MAX_KT, prefer=(32, 16, 48, 64))
-        pixels = ACC_REGISTERS // vregs(kt)
+        # a tile of the host's register file: 14 x 32 channels with AVX-512, 7 x 16 with AVX2
+        registers = host_registers()
+        wide = registers.lanes >= LANES
+        kt = largest_divisor(wl.K, MAX_KT, prefer=(32, 16, 48, 64) if wide else (16, 8, 32, 24))
+        pixels = registers.accumulators // registers.vregs(kt)
         if wl.stride[1] > 1:
             # strided windows: about 8 pixels, 4 to 8 wide (1.3-3x the 14-pixel rows on
             # ResNet-18's and MobileNet-v2's stride-2 layers, one core)

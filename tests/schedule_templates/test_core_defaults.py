@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import get_template
-from schedule_templates.templates.choose import ACC_REGISTERS, block_split, vregs
+from schedule_templates.templates.choose import ACC_REGISTERS, block_split, host_registers, vregs
 from schedule_templates.templates.x86_gemm import register_tile
 from schedule_templates.workloads import parse_workload
 
@@ -127,3 +127,18 @@ def test_gemm_default_gives_two_threads_even_work(key):
 ])
 def test_conv2d_default_loop_order_follows_the_larger_operand(key, order):
     assert get_template("conv2d").default_config(parse_workload(key))["outer_order"] == order
+
+
+@pytest.mark.parametrize("key", [
+    "conv2d:N=1,C=64,H=56,W=56,K=64,R=1,S=1",
+    "conv2d:N=1,C=128,H=55,W=55,K=16,R=1,S=1",
+    "conv2d:N=1,C=512,H=13,W=13,K=1000,R=1,S=1",
+    "conv2d:N=1,C=3,H=224,W=224,K=64,R=3,S=3,stride=2",
+])
+def test_conv2d_default_tile_fits_the_host_registers(key):
+    """16 ymm registers hold a quarter of what 32 zmm do: an AVX-512-sized tile spills."""
+    registers = host_registers()
+    config = get_template("conv2d").default_config(parse_workload(key))
+    pixels = config["tile_oh"][1] * config["tile_ow"][1]
+    assert pixels * registers.vregs(config["tile_k"][1]) <= registers.accumulators
+    assert pixels >= 4
