@@ -43,6 +43,8 @@ def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> 
     ops = [(n.domain, n.op_type) for n in proto.graph.node]
     assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3
     assert ops.count((INT8_DOMAIN, "Int8Add")) == 1  # the MatMul's bias, quantized by QDQ
+    # Flatten runs on the uint8 tensor: only the input's Quantize, the output's Dequantize stay
+    assert ops.count(("", "DequantizeLinear")) == ops.count(("", "QuantizeLinear")) == 1
     assert not {"Conv", "MatMul", "Gemm"} & {op for _, op in ops}
     again = load_model(proto)  # rewriting a rewritten model changes nothing
     assert [n.op_type for n in again.graph.node] == [n.op_type for n in proto.graph.node]

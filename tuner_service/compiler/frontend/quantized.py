@@ -116,12 +116,16 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
     Raises ModelError for a quantized layer whose parameters are inconsistent (a non-constant
     or non-scalar activation scale, a weight zero point other than zero, ...).
     """
-    from tuner_service.compiler.frontend.quantized_glue import int8_add_groups
+    from tuner_service.compiler.frontend.quantized_glue import (
+        int8_add_groups,
+        requantize_free_moves,
+    )
 
     if not is_quantized(proto):
         return 0
     made = apply_groups(proto, list(_groups(QuantGraph(proto.graph))))
     made += apply_groups(proto, list(int8_add_groups(QuantGraph(proto.graph))))
+    made += apply_groups(proto, list(requantize_free_moves(QuantGraph(proto.graph))))
     logger.debug("rewrote %d quantized nodes into the %s domain", made, INT8_DOMAIN)
     return made
 

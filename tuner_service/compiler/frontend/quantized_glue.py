@@ -89,3 +89,41 @@ def _add_group(view: QuantGraph, position: int) -> Group | None:
         y_scale=float(y_scale[0]), y_zero_point=int(y_zp[0]),
         out="u8" if y_zp.dtype == np.uint8 else "s8", relu=int(relu))
     return Group(nodes, node, [])
+
+
+# data movement that onnxruntime runs on the 8-bit tensor itself (QDQ propagation)
+_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def requantize_free_moves(view: QuantGraph) -> Iterator[Group]:
+    """``DequantizeLinear -> Reshape|Transpose|... -> QuantizeLinear`` with equal scale and zero
+    point: the move on the 8-bit tensor itself (dequantizing and quantizing again with the same
+    parameters gives back every 8-bit value exactly)."""
+    for position, node in enumerate(view.graph.node):
+        if node.op_type not in _MOVES or node.domain not in ("", "ai.onnx"):
+            continue
+        dq = view.made_by(node.input[0], "DequantizeLinear")
+        nxt = view.only_reader(node.output[0])
+        if dq is None or nxt is None or view.only_reader(node.input[0]) != position:
+            continue
+        quant = view.graph.node[nxt]
+        if quant.op_type != "QuantizeLinear" or not _same_parameters(view, dq, quant):
+            continue
+        info = view.info.tensors.get(dq.input[0])
+        if info is None or info.elem_type not in _EIGHT_BIT:
+            continue
+        moved = onnx.NodeProto()
+        moved.CopyFrom(node)
+        moved.input[0] = dq.input[0]
+        moved.output[0] = quant.output[0]
+        yield Group({view.producer[node.input[0]], position, nxt}, moved, [])
+
+
+def _same_parameters(view: QuantGraph, dq: onnx.NodeProto, quant: onnx.NodeProto) -> bool:
+    for index in (1, 2):
+        a = view.constant(dq.input[index]) if len(dq.input) > index else None
+        b = view.constant(quant.input[index]) if len(quant.input) > index else None
+        if a is None or b is None or a.dtype != b.dtype or a.size != 1 or b.size != 1 or (
+                a.reshape(-1)[0] != b.reshape(-1)[0]):
+            return False
+    return True
