@@ -34,7 +34,7 @@ import onnx.numpy_helper
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import Workload, make_workload
 from tuner_service.compiler.frontend.errors import ModelError, UnmappableNode
-from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
+from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph, scalar_constant
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN, INT8_OP, as_float, int8_conv
 
 logger = logging.getLogger(__name__)
@@ -43,19 +43,6 @@ _ANCHORS = ("Conv", "MatMul", "Gemm")
 _QOPERATORS = ("QLinearConv", "QLinearMatMul")
 _DEFAULT = ("", "ai.onnx")
 _QGEMM = ("com.microsoft", "QGemm")
-
-
-@dataclasses.dataclass
-class Group:
-    """Nodes one ``tuner.int8`` node replaces; it takes the place of the last of them."""
-
-    nodes: set[int]
-    node: onnx.NodeProto
-    initializers: list[onnx.TensorProto]
-
-    @property
-    def last(self) -> int:
-        return max(self.nodes)
 
 
 @dataclasses.dataclass
@@ -69,44 +56,6 @@ class _Parts:
     scale: np.ndarray  # fp32: x_scale * w_scale (divided by y_scale when quantized)
     bias: np.ndarray | None
     absorbed: set[int]
-
-
-class QuantGraph:
-    """Constants, producers and readers of a graph."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.info: GraphIndex = index_graph(graph)
-        self.initializers = {t.name: t for t in graph.initializer}
-        self.producer: dict[str, int] = {}
-        self.readers: dict[str, list[int]] = {}
-        self.outputs = {v.name for v in graph.output}
-        for position, node in enumerate(graph.node):
-            for name in node.output:
-                self.producer[name] = position
-            for name in node.input:
-                if name:
-                    self.readers.setdefault(name, []).append(position)
-            for attr in node.attribute:  # subgraph reads pin a tensor: never absorb it
-                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                    for inner in sub.node:
-                        for name in inner.input:
-                            self.readers.setdefault(name, []).extend([-1, -1])
-
-    def constant(self, name: str) -> np.ndarray | None:
-        tensor = self.initializers.get(name)
-        return None if tensor is None else onnx.numpy_helper.to_array(tensor)
-
-    def only_reader(self, name: str) -> int | None:
-        found = self.readers.get(name, [])
-        return found[0] if len(found) == 1 and name not in self.outputs else None
-
-    def made_by(self, name: str, op_type: str) -> onnx.NodeProto | None:
-        position = self.producer.get(name)
-        if position is None:
-            return None
-        node = self.graph.node[position]
-        return node if node.op_type == op_type and node.domain in _DEFAULT else None
 
 
 def rewrite_quantized(proto: onnx.ModelProto) -> int:
@@ -177,16 +126,6 @@ def _groups(view: QuantGraph) -> Iterator[Group]:
         if group is not None and not claimed & group.nodes:
             claimed |= group.nodes
             yield group
-
-
-def scalar_constant(view: QuantGraph, name: str, role: str, node: str) -> np.ndarray:
-    value = view.constant(name) if name else None
-    if value is None:  # computed at run time: the node stays as it is (numpy runs it)
-        raise UnmappableNode(f"the {role} {name!r} is not a constant")
-    if value.size != 1:
-        raise ModelError(f"quantized node {node!r}: the {role} {name!r} has {value.size} "
-                         "values; activations are quantized per tensor (one value)")
-    return value.reshape(1)
 
 
 def _weight_zero(view: QuantGraph, name: str, node: str) -> None:

@@ -18,7 +18,7 @@ import onnx
 import onnx.helper
 
 from tuner_service.compiler.frontend.errors import UnmappableNode
-from tuner_service.compiler.frontend.quantized import Group, QuantGraph, scalar_constant
+from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph, scalar_constant
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 
 logger = logging.getLogger(__name__)
