@@ -182,9 +182,9 @@ class ModelRunner:
         if node.domain == INT8_DOMAIN:  # a quantized layer: its int8 kernel when built
             kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
             if kernel is not None:
-                step = Int8KernelStep(kernel, node, info, self.constants, self.threads)
-                self.steps.append(step)
-                self.int8_steps.append(step)
+                int8 = Int8KernelStep(kernel, node, info, self.constants, self.threads)
+                self.steps.append(int8)
+                self.int8_steps.append(int8)
                 return
         fn = (OPS.get(node.op_type) if node.domain in ("", "ai.onnx")
               else DOMAIN_OPS.get((node.domain, node.op_type)))
