@@ -2,10 +2,11 @@
 machine, keep the faster.
 
 Which layout wins depends on the model (a network of 1x1 and depthwise convs gains most from
-blocked activations; a model with few conv layers between numpy steps pays for transforms) and
-on the machine, so the choice is measured, not guessed: both libraries are built, each runs the
-same seeded inputs a few times, interleaved (a loaded machine slows both alike), and the faster
-one's files become the output. The manifest's ``layout_choice`` records both medians.
+blocked activations; DenseNet's 3x3 convs are faster NCHW with Winograd) and on the machine, so
+the choice is measured, not guessed: both libraries are built, each runs the same seeded inputs
+a few times, interleaved (a loaded machine slows both alike; a one-thread library is timed in
+process CPU time), and the faster one's files become the output. The manifest's
+``layout_choice`` records both medians.
 """
 
 from __future__ import annotations
@@ -69,13 +70,17 @@ def _time_libraries(model: ModelInput, dirs: dict[str, Path],
     runners = {mode: ModelRunner(model, KernelLibrary(d), input_shapes=input_shapes)
                for mode, d in dirs.items()}
     feeds = next(iter(runners.values())).random_feeds(0)
+    # one thread: process CPU time, which a loaded machine's descheduling does not inflate;
+    # more: wall time (CPU time would count the threads' spinning between layers)
+    clock = time.process_time if all(r.threads == 1 for r in runners.values()) \
+        else time.perf_counter
     samples: dict[str, list[float]] = {mode: [] for mode in runners}
     for runner in runners.values():
         runner.run(feeds)  # warm-up: first-touch pages, lazy binding
     for _ in range(ROUNDS):
         for mode, runner in runners.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(RUNS):
                 runner.run(feeds)
-            samples[mode].append((time.perf_counter() - start) / RUNS)
+            samples[mode].append((clock() - start) / RUNS)
     return {mode: float(np.median(values)) for mode, values in samples.items()}
