@@ -99,7 +99,7 @@ class Conv2dX86(Template):
     def default_config(self, workload: Workload) -> Config:
         wl = as_workload(workload, Conv2d)
         out_h, out_w = padded_spatial(wl.out_h), padded_spatial(wl.out_w)
-        winograd = default_winograd(wl, ACC_REGISTERS)
+        winograd = default_winograd(wl, host_registers())
         if winograd is not None:
             algorithm, kt, rows = winograd
             return self.space(wl).from_entities({

@@ -43,7 +43,10 @@ from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.choose import (
     ACC_REGISTERS,
+    AVX512,
+    RegisterFile,
     block_split,
+    host_registers,
     largest_divisor,
     vregs,
 )
@@ -84,17 +87,20 @@ def _fits_registers(cfg: Config) -> bool:
 PANEL_BYTES = 32 * 1024
 
 
-def register_tile(M: int, N: int) -> tuple[int, int]:
+def register_tile(M: int, N: int, registers: RegisterFile = AVX512) -> tuple[int, int]:
     """``(mr, nr)`` dividing M and N that do the most multiply-adds per reduction step within
-    the accumulator budget (ties: the wider nr). On BERT's 128x768 denses 8x48 (24 registers)
-    ran ~10% faster than 4x64 (16 registers), the first-fit choice it replaces."""
-    best: tuple[int, int, int] = (0, 0, 0)
+    the accumulator budget of ``registers`` (ties: fewer loads per step, mr broadcasts plus
+    nr's vectors, then the wider nr). On BERT's 128x768 denses 8x48
+    (24 zmm) ran ~10% faster than 4x64 (16 zmm), the first-fit choice it replaces. On AVX2
+    hosts the budget is 14 ymm: AVX-512's 8x48 would need 48 and spill (a 1024^3 dense ran 3x
+    slower with it than with 4x16)."""
+    best: tuple[int, int, int, int] = (0, 0, 0, 0)
     for nr in divisors(N):
         if nr > MAX_NR:
             break
-        mr = largest_divisor(M, min(MAX_MR, ACC_REGISTERS // vregs(nr)))
-        best = max(best, (mr * nr, nr, mr))
-    return best[2], best[1]
+        mr = largest_divisor(M, min(MAX_MR, registers.accumulators // registers.vregs(nr)))
+        best = max(best, (mr * nr, -(mr + registers.vregs(nr)), nr, mr))
+    return best[3], best[2]
 
 
 #: parallel iterations the default asks for (where the shape allows): several per thread, so
@@ -103,7 +109,7 @@ PARALLEL_TASKS = 8
 
 
 def gemm_default(space: ConfigSpace, M: int, N: int, K: int, batch: int = 1) -> Config:
-    mr, nr = register_tile(M, N)
+    mr, nr = register_tile(M, N, host_registers())
     ku = largest_divisor(K, MAX_KU, prefer=(4, 2))
     tile_m = block_split(M, mr, 96)
     # column blocks of up to 256, fewer panels each where too few parallel iterations are left

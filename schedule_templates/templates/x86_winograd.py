@@ -45,7 +45,12 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config
-from schedule_templates.templates.choose import largest_divisor, padded_spatial
+from schedule_templates.templates.choose import (
+    LANES,
+    RegisterFile,
+    largest_divisor,
+    padded_spatial,
+)
 from schedule_templates.templates.epilogue import (
     EpilogueStage,
     epilogue_arguments,
@@ -127,7 +132,7 @@ DEFAULT_MIN_CHANNELS = 16
 DEFAULT_ROWS = (4, 7, 8, 6, 5, 14, 12)
 
 
-def default_winograd(wl: Conv2d, accumulators: int) -> tuple[str, int, int] | None:
+def default_winograd(wl: Conv2d, registers: RegisterFile) -> tuple[str, int, int] | None:
     """``(algorithm, kt, rows)`` for the default config, or None where direct is the default.
 
     ``rows`` is the tiles per register tile (it must divide the output width the direct kernel
@@ -141,8 +146,9 @@ def default_winograd(wl: Conv2d, accumulators: int) -> tuple[str, int, int] | No
     if algorithm is None:
         return None
     tiles = _Geometry(wl, ALGORITHMS[algorithm]).tiles
-    kt = largest_divisor(wl.K, 64, prefer=(32, 16, 64, 48))
-    budget = accumulators // -(-kt // 16)
+    wide = registers.lanes >= LANES  # AVX-512: 32 channels of 2 zmm; AVX2: 16 of 2 ymm
+    kt = largest_divisor(wl.K, 64, prefer=(32, 16, 64, 48) if wide else (16, 8, 32, 24))
+    budget = registers.accumulators // registers.vregs(kt)
     rows = [r for r in DEFAULT_ROWS if r <= budget and padded_spatial(wl.out_w) % r == 0]
     if not rows:
         return None

@@ -13,8 +13,15 @@ from hypothesis import strategies as st
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import get_template
-from schedule_templates.templates.choose import ACC_REGISTERS, block_split, host_registers, vregs
+from schedule_templates.templates.choose import (
+    ACC_REGISTERS,
+    RegisterFile,
+    block_split,
+    host_registers,
+    vregs,
+)
 from schedule_templates.templates.x86_gemm import register_tile
+from schedule_templates.templates.x86_winograd import default_winograd
 from schedule_templates.workloads import parse_workload
 
 small = st.integers(1, 64)
@@ -108,6 +115,26 @@ def test_gemm_default_fills_the_accumulators_and_blocks_the_reduction():
     # a prime reduction stays one block: slivers would store and reload partial sums
     assert block_split(197, 1, 128) == (1, 197, 1)
     assert block_split(8, 4, 4096) == (1, 2, 4)
+
+
+AVX2 = RegisterFile(lanes=8, accumulators=14)
+
+
+def test_gemm_register_tile_fits_an_avx2_register_file():
+    # 8 x 48 would be 48 ymm accumulators: spilled, ~3x slower than a fitting tile on Zen 3
+    mr, nr = register_tile(128, 768, AVX2)
+    assert (mr, nr) == (4, 24) and mr * AVX2.vregs(nr) <= AVX2.accumulators
+    # equal work per step: the tile with fewer loads per step (2 + 4 vectors, not 1 + 8)
+    assert register_tile(1024, 1024, AVX2) == (2, 32)
+
+
+def test_winograd_default_fits_the_register_file_it_is_given():
+    wl = parse_workload("conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1")
+    for registers, lanes in ((AVX2, 8), (RegisterFile(16, ACC_REGISTERS), 16)):
+        chosen = default_winograd(wl, registers)
+        assert chosen is not None
+        _, kt, rows = chosen
+        assert rows * -(-kt // lanes) <= registers.accumulators
 
 
 @pytest.mark.parametrize("key", ["dense:M=197,N=768,K=768", "dense:M=1,N=1000,K=512",
