@@ -147,3 +147,16 @@ def test_blocked_channel_concat_matches_onnxruntime(tmp_path: Path) -> None:
     want = onnxruntime_outputs(model, feeds)["y"]
     got = runner.run(feeds)["y"]
     assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
+
+
+def test_auto_builds_a_model_without_convs_once_in_the_plain_layout(tmp_path: Path) -> None:
+    weight = np.random.default_rng(2).standard_normal((16, 24)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                        helper.make_node("Relu", ["m"], ["out"])],
+                       {"x": (4, 16)}, {"out": (4, 24)}, {"w": weight})
+    manifest = build_with_layout(model, ConfigBook(), tmp_path)  # the default: auto
+    assert "layout_choice" not in manifest and "layout" not in manifest
+    runner = ModelRunner(model, KernelLibrary(tmp_path), 1)
+    feeds = runner.random_feeds(3)
+    np.testing.assert_allclose(runner.run(feeds)["out"],
+                               onnxruntime_outputs(model, feeds)["out"], rtol=1e-5, atol=1e-5)

@@ -50,10 +50,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "configs were tuned at, else 1)")
     build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
     add_input_shape_flag(build)
-    build.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+    build.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="auto",
                        help="activation layout between conv layers: nchw (plain), nchwc "
                             "(blocked by the host's vector width), auto (build both, time "
-                            "them once here, keep the faster); default nchw")
+                            "them once here, keep the faster; the plain plan alone for "
+                            "models without conv layers); default auto")
     build.add_argument("--standalone", action="store_true",
                        help="also write OUT/model.program and OUT/model.weights, so that C code "
                        "runs the model through the library alone (docs/native.md)")

@@ -35,7 +35,7 @@ def host_block() -> int:
 def check_layout(layout: str, generated: bool) -> None:
     if layout not in LAYOUTS:
         raise BuildError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    if layout != "nchw" and not generated:
+    if layout == "nchwc" and not generated:
         raise BuildError(f"--layout {layout} needs the generated operators (its transforms "
                          "are generated kernels); build without --no-generated")
 

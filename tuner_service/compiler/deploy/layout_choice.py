@@ -39,16 +39,26 @@ RUNS = 3
 def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                       target: str = "llvm", threads: int | None = None,
                       input_shapes: InputShapes | None = None, generated: bool = True,
-                      layout: str = "nchw") -> dict[str, Any]:
-    """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, timed, the faster kept."""
+                      layout: str = "auto") -> dict[str, Any]:
+    """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, timed, the faster kept
+    (the plain plan alone where the blocked one would block nothing, or without generated
+    operators)."""
     check_layout(layout, generated)
+    if layout == "auto" and not generated:
+        layout = "nchw"  # blocked plans need the generated transforms
     if layout != "auto":
         return build_library(model, book, out_dir, target, threads, input_shapes, generated,
                              layout)
     with tempfile.TemporaryDirectory(prefix="tuner-layout-") as tmp:
-        dirs = {mode: Path(tmp) / mode for mode in ("nchw", "nchwc")}
-        for mode, directory in dirs.items():
-            build_library(model, book, directory, target, threads, input_shapes, generated, mode)
+        dirs = {mode: Path(tmp) / mode for mode in ("nchwc", "nchw")}
+        blocked = build_library(model, book, dirs["nchwc"], target, threads, input_shapes,
+                                generated, "nchwc")
+        if not _blocks_anything(blocked):
+            # nothing to choose between (no conv layers): the plain plan, built once
+            return build_library(model, book, out_dir, target, threads, input_shapes,
+                                 generated, "nchw")
+        build_library(model, book, dirs["nchw"], target, threads, input_shapes, generated,
+                      "nchw")
         medians = _time_libraries(model, dirs, input_shapes)
         chosen = min(medians, key=lambda mode: medians[mode])
         logger.info("layout auto: nchw %.2f ms, nchwc %.2f ms: keeping %s",
@@ -62,6 +72,12 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                                  **{f"{m}_ms": round(s * 1e3, 4) for m, s in medians.items()}}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _blocks_anything(manifest: dict[str, Any]) -> bool:
+    """Whether a blocked build runs any kernel on blocked activations."""
+    return any(str(kernel.get("workload", "")).split(":", 1)[0].endswith("_nchwc")
+               for kernel in manifest.get("kernels", []))
 
 
 def _time_libraries(model: ModelInput, dirs: dict[str, Path],
