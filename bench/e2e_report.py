@@ -85,7 +85,7 @@ def _error(row: dict[str, Any]) -> str:
 def _budget(row: dict[str, Any]) -> str:
     tuning = row.get("tuning") or {}
     if "trials" not in tuning:
-        return "err" if tuning else ""
+        return "err" if "error" in tuning else ""
     return f"{tuning['trials']} / {tuning['wall_s']:.0f}"
 
 

@@ -21,7 +21,7 @@ over the outputs (target 1e-4).
 
 def fmt_ms(value: dict[str, Any] | None) -> str:
     if not value or "ms" not in value:
-        return "err" if value else ""
+        return "err" if value and "skipped" not in value else ""
     return f"{value['ms']:.1f}"
 
 
