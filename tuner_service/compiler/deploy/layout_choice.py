@@ -41,8 +41,8 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                       input_shapes: InputShapes | None = None, generated: bool = True,
                       layout: str = "auto") -> dict[str, Any]:
     """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, timed, the faster kept
-    (the plain plan alone where the blocked one would block nothing, or without generated
-    operators)."""
+    (the plain plan alone where the blocked one would block nothing, where tuned configs are
+    used (they are for the plain layout's tasks), or without generated operators)."""
     check_layout(layout, generated)
     if layout == "auto" and not generated:
         layout = "nchw"  # blocked plans need the generated transforms
@@ -50,27 +50,37 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
         return build_library(model, book, out_dir, target, threads, input_shapes, generated,
                              layout)
     with tempfile.TemporaryDirectory(prefix="tuner-layout-") as tmp:
-        dirs = {mode: Path(tmp) / mode for mode in ("nchwc", "nchw")}
-        blocked = build_library(model, book, dirs["nchwc"], target, threads, input_shapes,
-                                generated, "nchwc")
-        if not _blocks_anything(blocked):
-            # nothing to choose between (no conv layers): the plain plan, built once
-            return build_library(model, book, out_dir, target, threads, input_shapes,
-                                 generated, "nchw")
-        build_library(model, book, dirs["nchw"], target, threads, input_shapes, generated,
-                      "nchw")
+        dirs = {mode: Path(tmp) / mode for mode in ("nchw", "nchwc")}
+        plain = build_library(model, book, dirs["nchw"], target, threads, input_shapes,
+                              generated, "nchw")
+        blocked = None if _uses_tuned_configs(plain) else build_library(
+            model, book, dirs["nchwc"], target, threads, input_shapes, generated, "nchwc")
+        if blocked is None or not _blocks_anything(blocked):
+            # tuned configs are for the plain layout's tasks (blocked layers would run
+            # template defaults), or nothing would be blocked (no conv layers): keep it plain
+            return _copy_build(dirs["nchw"], out_dir, plain)
         medians = _time_libraries(model, dirs, input_shapes)
         chosen = min(medians, key=lambda mode: medians[mode])
         logger.info("layout auto: nchw %.2f ms, nchwc %.2f ms: keeping %s",
                     medians["nchw"] * 1e3, medians["nchwc"] * 1e3, chosen)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for item in dirs[chosen].iterdir():
-            shutil.copy2(item, out_dir / item.name)
+        _copy_build(dirs[chosen], out_dir, plain)
     manifest_path = out_dir / MANIFEST_FILE
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     manifest["layout_choice"] = {"chosen": chosen,
                                  **{f"{m}_ms": round(s * 1e3, 4) for m, s in medians.items()}}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _uses_tuned_configs(manifest: dict[str, Any]) -> bool:
+    return any(kernel.get("config_source") == "tuned" for kernel in manifest.get("kernels", []))
+
+
+def _copy_build(source: Path, out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Copy a finished build's files into ``out_dir``; returns ``manifest``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        shutil.copy2(item, out_dir / item.name)
     return manifest
 
 
