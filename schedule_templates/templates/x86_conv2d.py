@@ -78,7 +78,7 @@ class Conv2dX86(Template):
     name = "conv2d.x86"
     op = "conv2d"
     target_kind = "llvm"
-    version = 2  # 2: odd output extents tiled as padded_spatial (the space changed)
+    version = 1
     fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None

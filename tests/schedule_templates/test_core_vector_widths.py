@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from schedule_templates.codegen.llvm_ir import MAX_VECTOR_LANES, generate_llvm_ir
-from schedule_templates.codegen.llvm_jit import CompiledKernel, host_target_machine, optimize
+from schedule_templates.codegen.llvm_jit import (
+    CompiledKernel,
+    host_target_machine,
+    host_vector_lanes,
+    optimize,
+)
 from schedule_templates.ir.nodes import (
     Allocate,
     Buffer,
@@ -75,4 +80,6 @@ def test_accumulator_tile_stays_in_registers(width):
         asm = compiled.assembly()
     finally:
         compiled.close()
-    assert asm.count("(%rsp)") <= 4
+    # AVX2 hosts (16 ymm) spill a little around a 48-lane tile: 12 stack accesses on Zen 3;
+    # the regression this guards against was over a thousand
+    assert asm.count("(%rsp)") <= (4 if host_vector_lanes() >= 16 else 16)
