@@ -47,6 +47,31 @@ def from_bfloat16(bits: np.ndarray) -> np.ndarray:
     return wide.view(np.float32)
 
 
+def quantized_inputs(rng: np.random.Generator | int, data_shape: Shape, weight_shape: Shape,
+                     taps: int, channels: int, scale: str, bias: str, out: str
+                     ) -> dict[str, np.ndarray]:
+    """Random inputs of a quantized layer (u8 data, s8 weights, zero points, fp32 scales for
+    ``channels`` outputs or one, optional int32 bias) whose scale spreads the outputs of a
+    ``taps``-long dot product over the quantized range, saturating a few."""
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    spread = float(np.sqrt(taps)) * 74.0 * 73.0
+    typical = (40.0 if out != "f32" else 1.0) / spread
+    count = channels if scale == "channel" else 1
+    inputs: dict[str, np.ndarray] = {
+        "data": gen.integers(0, 256, size=data_shape, dtype=np.uint8),
+        "weight": gen.integers(-127, 128, size=weight_shape, dtype=np.int8),
+        "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
+        "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
+    }
+    if bias == "s32":
+        inputs["bias"] = gen.integers(-int(spread), int(spread) + 1, size=(channels,)
+                                      ).astype(np.int32)
+    if out != "f32":
+        lo, hi = (96, 160) if out == "u8" else (-16, 16)
+        inputs["out_zero_point"] = gen.integers(lo, hi, size=(1,)).astype(QUANT_NUMPY[out])
+    return inputs
+
+
 def requantize(acc: np.ndarray, scale: np.ndarray, zero_point: int | None, out: str
                ) -> np.ndarray:
     """int32 accumulators -> outputs, as onnxruntime's QLinearMatMul rounds them: fp32
@@ -129,25 +154,8 @@ class DenseInt8(Workload):
                           zero_point, self.out)
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        # a scale that spreads the outputs over the quantized range, saturating a few
-        spread = float(np.sqrt(self.K)) * 74.0 * 73.0
-        typical = (40.0 if self.out != "f32" else 1.0) / spread
-        count = self.N if self.scale == "channel" else 1
-        inputs: dict[str, np.ndarray] = {
-            "data": gen.integers(0, 256, size=(self.M, self.K), dtype=np.uint8),
-            "weight": gen.integers(-127, 128, size=(self.N, self.K), dtype=np.int8),
-            "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
-            "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
-        }
-        if self.bias == "s32":
-            inputs["bias"] = gen.integers(-int(spread), int(spread) + 1, size=(self.N,)
-                                          ).astype(np.int32)
-        if self.out != "f32":
-            lo, hi = (96, 160) if self.out == "u8" else (-16, 16)
-            inputs["out_zero_point"] = gen.integers(lo, hi, size=(1,)).astype(
-                QUANT_NUMPY[self.out])
-        return inputs
+        return quantized_inputs(rng, (self.M, self.K), (self.N, self.K), self.K, self.N,
+                                self.scale, self.bias, self.out)
 
     def describe(self) -> str:
         bias = ", int32 bias" if self.bias == "s32" else ""

@@ -39,7 +39,7 @@ import numpy as np
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads.base import Shape, register
 from schedule_templates.workloads.conv import _CONV_PARAMS, _WINDOW_PARAMS, _Window
-from schedule_templates.workloads.lowp import QUANT_NUMPY, requantize
+from schedule_templates.workloads.lowp import quantized_inputs, requantize
 
 
 @register
@@ -139,27 +139,10 @@ class Conv2dInt8(_Window):
         return requantize(self.accumulate(inputs), scale, zero_point, self.out)
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        taps = self.group_in * self.R * self.S
-        # a scale that spreads the outputs over the quantized range, saturating a few
-        spread = float(np.sqrt(taps)) * 74.0 * 73.0
-        typical = (40.0 if self.out != "f32" else 1.0) / spread
-        count = self.K if self.scale == "channel" else 1
-        inputs: dict[str, np.ndarray] = {
-            "data": gen.integers(0, 256, size=(self.N, self.C, self.H, self.W), dtype=np.uint8),
-            "weight": gen.integers(-127, 128, size=(self.K, self.group_in, self.R, self.S),
-                                   dtype=np.int8),
-            "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
-            "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
-        }
-        if self.bias == "s32":
-            inputs["bias"] = gen.integers(-int(spread), int(spread) + 1, size=(self.K,)
-                                          ).astype(np.int32)
-        if self.out != "f32":
-            lo, hi = (96, 160) if self.out == "u8" else (-16, 16)
-            inputs["out_zero_point"] = gen.integers(lo, hi, size=(1,)).astype(
-                QUANT_NUMPY[self.out])
-        return inputs
+        return quantized_inputs(rng, (self.N, self.C, self.H, self.W),
+                                (self.K, self.group_in, self.R, self.S),
+                                self.group_in * self.R * self.S, self.K, self.scale, self.bias,
+                                self.out)
 
     def describe(self) -> str:
         kind = ("depthwise " if self.groups == self.C and self.groups > 1
