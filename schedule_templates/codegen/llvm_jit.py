@@ -40,10 +40,6 @@ def _initialize() -> bool:
     return True
 
 
-def have_threads() -> bool:
-    return _initialize()
-
-
 def host_features() -> str:
     _initialize()
     features = llvm.get_host_cpu_features().flatten()

@@ -97,11 +97,6 @@ class _Printer(ExprFunctor[tuple[str, int]], StmtFunctor[list[str]]):
         return "  " * self.depth
 
 
-def format_expr(e: Expr, parent: int = 0) -> str:
-    """``e`` as text, bracketed when its operator binds looser than ``parent``."""
-    return _Printer().text(e, parent)
-
-
 def _buffer_decl(b: Buffer) -> str:
     slack = f" +{b.slack}" if b.slack else ""
     return f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}{slack}] {b.scope.value}"

@@ -103,6 +103,51 @@ def _pretty(value: tuple[int, ...]) -> str:
     return str(value[0]) if len(set(value)) == 1 else "x".join(map(str, value))
 
 
+class _Grouped(_Window):
+    """A convolution whose C input and K output channels form ``groups`` equal groups: output
+    channel k of group ``g = k // (K/groups)`` reads input channels ``g*C/groups ..
+    (g+1)*C/groups - 1``; weight ``[K][C/groups][R][S]`` as in ONNX. The subclass declares the
+    ``K`` and ``groups`` fields."""
+
+    K: int
+    groups: int
+
+    @property
+    def group_in(self) -> int:
+        """Input channels per group."""
+        return self.C // self.groups
+
+    @property
+    def group_out(self) -> int:
+        """Output channels per group."""
+        return self.K // self.groups
+
+    def _check_groups(self) -> None:
+        if self.C % self.groups or self.K % self.groups:
+            raise InvalidWorkloadError(
+                f"{self.op}: groups={self.groups} must divide the input channels "
+                f"(C={self.C}) and the output channels (K={self.K})")
+
+    def output_shape(self) -> Shape:
+        return (self.N, self.K, self.out_h, self.out_w)
+
+    def flops(self) -> int:
+        """Multiply-adds times two (an int8 convolution's integer operations count alike, so
+        that throughputs compare)."""
+        return 2 * self.N * self.K * self.out_h * self.out_w * self.group_in * self.R * self.S
+
+    def _grouped_sum(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """Each output channel's sum over its group's input channels and the window taps, as
+        (N, K, pixels) in ``weight``'s dtype."""
+        g, pixels = self.groups, self.out_h * self.out_w
+        acc = np.zeros((self.N, g, self.group_out, pixels), dtype=weight.dtype)
+        for r, s, window in self._windows(data):
+            taps = weight[:, :, r, s].reshape(g, self.group_out, self.group_in)
+            # (G, K/g, C/g) @ (N, G, C/g, pixels) -> (N, G, K/g, pixels)
+            acc += np.matmul(taps, window.reshape(self.N, g, self.group_in, pixels))
+        return acc.reshape(self.N, self.K, pixels)
+
+
 @register
 @dataclasses.dataclass(frozen=True)
 class Conv2d(_Window):
@@ -193,10 +238,8 @@ class DepthwiseConv2d(_Window):
 
 @register
 @dataclasses.dataclass(frozen=True)
-class GroupConv2d(_Window):
-    """Grouped convolution: the C input and K output channels form ``groups`` equal groups and
-    output channel k of group ``g = k // (K/groups)`` reads input channels
-    ``g*C/groups .. (g+1)*C/groups - 1``; weight ``[K][C/groups][R][S]`` as in ONNX.
+class GroupConv2d(_Grouped):
+    """Grouped convolution (see ``_Grouped`` for the channel groups).
 
     ``groups = 1`` is ``conv2d`` and ``groups = C`` is ``depthwise_conv2d``: both are refused
     here so that every convolution has exactly one key."""
@@ -222,24 +265,11 @@ class GroupConv2d(_Window):
         "group_conv2d:N=1,C=64,H=1,W=19,K=64,R=1,S=5,stride=2,pad=0x2x0x2,groups=16",
     )
 
-    @property
-    def group_in(self) -> int:
-        """Input channels per group."""
-        return self.C // self.groups
-
-    @property
-    def group_out(self) -> int:
-        """Output channels per group."""
-        return self.K // self.groups
-
     def validate(self) -> None:
         super().validate()
         if self.groups == 1:
             raise InvalidWorkloadError("group_conv2d: groups=1 is an ordinary conv2d")
-        if self.C % self.groups or self.K % self.groups:
-            raise InvalidWorkloadError(
-                f"group_conv2d: groups={self.groups} must divide the input channels "
-                f"(C={self.C}) and the output channels (K={self.K})")
+        self._check_groups()
         if self.groups == self.C:
             raise InvalidWorkloadError(
                 f"group_conv2d: groups=C={self.C} is a depthwise_conv2d with "
@@ -250,20 +280,8 @@ class GroupConv2d(_Window):
                 "weight": (self.K, self.group_in, self.R, self.S),
                 **self.epilogue.input_shapes(self.output_shape())}
 
-    def output_shape(self) -> Shape:
-        return (self.N, self.K, self.out_h, self.out_w)
-
-    def flops(self) -> int:
-        return 2 * self.N * self.K * self.out_h * self.out_w * self.group_in * self.R * self.S
-
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        g, pixels = self.groups, self.out_h * self.out_w
-        weight = np.asarray(inputs["weight"], dtype=np.float32)
-        out = np.zeros((self.N, g, self.group_out, pixels), dtype=np.float32)
-        for r, s, window in self._windows(inputs["data"]):
-            taps = weight[:, :, r, s].reshape(g, self.group_out, self.group_in)
-            # (G, K/g, C/g) @ (N, G, C/g, pixels) -> (N, G, K/g, pixels)
-            out += np.matmul(taps, window.reshape(self.N, g, self.group_in, pixels))
+        out = self._grouped_sum(inputs["data"], np.asarray(inputs["weight"], dtype=np.float32))
         return self.epilogue.apply(out.reshape(self.output_shape()), inputs)
 
     def describe(self) -> str:

@@ -36,15 +36,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads.base import Shape, register
-from schedule_templates.workloads.conv import _CONV_PARAMS, _WINDOW_PARAMS, _Window
+from schedule_templates.workloads.conv import _CONV_PARAMS, _WINDOW_PARAMS, _Grouped
 from schedule_templates.workloads.lowp import quantized_inputs, requantize
 
 
 @register
 @dataclasses.dataclass(frozen=True)
-class Conv2dInt8(_Window):
+class Conv2dInt8(_Grouped):
     """``out[n,k,oh,ow] = requantize(sum (data - zp) * weight (+ bias))``, u8 x s8 -> s32."""
 
     K: int = 0
@@ -78,22 +77,9 @@ class Conv2dInt8(_Window):
         "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
     )
 
-    @property
-    def group_in(self) -> int:
-        """Input channels per group."""
-        return self.C // self.groups
-
-    @property
-    def group_out(self) -> int:
-        """Output channels per group."""
-        return self.K // self.groups
-
     def validate(self) -> None:
         super().validate()
-        if self.C % self.groups or self.K % self.groups:
-            raise InvalidWorkloadError(
-                f"conv2d_int8: groups={self.groups} must divide the input channels "
-                f"(C={self.C}) and the output channels (K={self.K})")
+        self._check_groups()
 
     def input_shapes(self) -> dict[str, Shape]:
         shapes: dict[str, Shape] = {
@@ -108,26 +94,12 @@ class Conv2dInt8(_Window):
             shapes["out_zero_point"] = (1,)
         return shapes
 
-    def output_shape(self) -> Shape:
-        return (self.N, self.K, self.out_h, self.out_w)
-
-    def flops(self) -> int:
-        """Integer operations, counted like fp32 FLOPs so that throughputs compare."""
-        return 2 * self.N * self.K * self.out_h * self.out_w * self.group_in * self.R * self.S
-
     def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """The exact int32 accumulators, bias included (fp64 sums of integers far below
         2**53 are exact)."""
         zp = float(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
         centered = np.asarray(inputs["data"], dtype=np.float64) - zp  # padding adds 0
-        weight = np.asarray(inputs["weight"], dtype=np.float64)
-        g, pixels = self.groups, self.out_h * self.out_w
-        acc = np.zeros((self.N, g, self.group_out, pixels), dtype=np.float64)
-        for r, s, window in self._windows(centered):
-            taps = weight[:, :, r, s].reshape(g, self.group_out, self.group_in)
-            # (G, K/g, C/g) @ (N, G, C/g, pixels) -> (N, G, K/g, pixels)
-            acc += np.matmul(taps, window.reshape(self.N, g, self.group_in, pixels))
-        total = acc.reshape(self.N, self.K, pixels)
+        total = self._grouped_sum(centered, np.asarray(inputs["weight"], dtype=np.float64))
         if self.bias == "s32":
             total = total + np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.K, 1)
         return total.reshape(self.output_shape()).astype(np.int32)
