@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +16,59 @@ if TYPE_CHECKING:  # the server extras: imported by the fixtures that use them, 
     from fastapi.testclient import TestClient
 
     from tuner_service.settings import Settings
+
+# -- library builds: the same pure compile steps are not redone test after test ---------------
+
+@pytest.fixture(scope="session", autouse=True)
+def build_step_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Within this pytest process, ``build_library`` compiles the native runtime once (per
+    compiler and source text) and emits each kernel's object code once (per LLVM IR text and
+    host target): both are pure, so later builds get the same bytes. Library link, loading and
+    running are untouched; builds in child processes (the CLI, live servers) compile as usual."""
+    try:
+        from tuner_service.compiler.deploy import library
+    except ImportError:  # a light install without the compiler's extras
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(library, "emit_object", _memo_emit_object(library.emit_object))
+        patch.setattr(library, "compile_runtime", _memo_compile_runtime(
+            library.compile_runtime, tmp_path_factory.mktemp("native-runtime")))
+        yield
+
+
+def _memo_emit_object(emit: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    from schedule_templates.codegen.llvm_jit import host_features
+
+    objects: dict[tuple[str, str], bytes] = {}
+
+    def emit_object(module: Any) -> bytes:
+        key = (str(module), host_features())
+        if key not in objects:
+            objects[key] = emit(module)
+        return objects[key]
+
+    return emit_object
+
+
+def _memo_compile_runtime(compile_runtime: Callable[[str, Path], Path], store: Path
+                          ) -> Callable[[str, Path], Path]:
+    from tuner_service.compiler.deploy.native_build import RUNTIME_SOURCE
+
+    built: dict[tuple[str, str], Path] = {}
+
+    def compile_once(compiler: str, directory: Path) -> Path:
+        key = (compiler, hashlib.sha256(RUNTIME_SOURCE.read_bytes()).hexdigest())
+        if key not in built:
+            own = store / str(len(built))
+            own.mkdir()
+            built[key] = compile_runtime(compiler, own)
+        target = directory / built[key].name
+        shutil.copyfile(built[key], target)
+        return target
+
+    return compile_once
+
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -105,14 +105,16 @@ def test_compiling_many_candidates_does_not_grow_memory():
     workload = parse_workload("dense:M=32,N=32,K=32")
     template = get_template("dense")
     space = template.space(workload)
-    indices = space.sample(400, np.random.default_rng(0))
+    indices = space.sample(150, np.random.default_rng(0))
 
     def compile_batch(batch):
         for i in batch:
             build(workload, template, space.get(i)).close()
 
-    compile_batch(indices[:100])  # warm up allocator pools and caches
+    compile_batch(indices[:50])  # warm up allocator pools and caches
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    compile_batch(indices[100:])
+    compile_batch(indices[50:])
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    assert grown_mb < 60, f"RSS grew {grown_mb:.0f} MB over 300 compiles (pid {os.getpid()})"
+    # closed kernels grow RSS about 0.14 MB a compile (allocator), kernels kept alive (engine
+    # and module never freed) about 1 MB
+    assert grown_mb < 25, f"RSS grew {grown_mb:.0f} MB over 100 compiles (pid {os.getpid()})"
