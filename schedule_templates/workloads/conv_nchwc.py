@@ -18,6 +18,7 @@ residual is blocked like the output.
 from __future__ import annotations
 
 import dataclasses
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -112,8 +113,18 @@ class BlockedWindow(_Window):
             extra["residual"] = from_blocked(inputs["residual"], self.blocks_out * block)
         return to_blocked(epilogue.apply(padded, extra), block)
 
-    def _plain_data(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        return from_blocked(inputs["data"], self.C)
+    @abstractmethod
+    def plain(self) -> _Window:
+        """The same convolution on NCHW activations, without the epilogue."""
+
+    def flops(self) -> int:
+        return self.plain().flops()
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        data = from_blocked(inputs["data"], self.C)
+        out = self.plain().reference({"data": data,
+                                      "weight": np.asarray(inputs["weight"], np.float32)})
+        return self._finish(out, inputs)
 
     def _blocked_describe(self, text: str) -> str:
         """``text`` (the NCHW operator's words) with the layout named before any epilogue."""
@@ -149,7 +160,6 @@ class Conv2dNCHWc(BlockedWindow):
         return self.K
 
     def plain(self) -> Conv2d:
-        """The same convolution on NCHW activations, without the epilogue."""
         return Conv2d(self.N, self.C, self.H, self.W, self.R, self.S, self.stride, self.pad,
                       self.dilation, self.K)
 
@@ -157,14 +167,6 @@ class Conv2dNCHWc(BlockedWindow):
         return {"data": (self.N, self.blocks_in, self.H, self.W, self.block),
                 "weight": (self.K, self.C, self.R, self.S),
                 **self._epilogue_shapes()}
-
-    def flops(self) -> int:
-        return self.plain().flops()
-
-    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        out = self.plain().reference({"data": self._plain_data(inputs),
-                                      "weight": np.asarray(inputs["weight"], np.float32)})
-        return self._finish(out, inputs)
 
     def describe(self) -> str:
         return self._blocked_describe(self.plain().describe().replace(
@@ -193,7 +195,6 @@ class DepthwiseConv2dNCHWc(BlockedWindow):
     )
 
     def plain(self) -> DepthwiseConv2d:
-        """The same convolution on NCHW activations, without the epilogue."""
         return DepthwiseConv2d(self.N, self.C, self.H, self.W, self.R, self.S, self.stride,
                                self.pad, self.dilation)
 
@@ -201,14 +202,6 @@ class DepthwiseConv2dNCHWc(BlockedWindow):
         return {"data": (self.N, self.blocks_in, self.H, self.W, self.block),
                 "weight": (self.C, 1, self.R, self.S),
                 **self._epilogue_shapes()}
-
-    def flops(self) -> int:
-        return self.plain().flops()
-
-    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        out = self.plain().reference({"data": self._plain_data(inputs),
-                                      "weight": np.asarray(inputs["weight"], np.float32)})
-        return self._finish(out, inputs)
 
     def describe(self) -> str:
         return self._blocked_describe(self.plain().describe().replace(
