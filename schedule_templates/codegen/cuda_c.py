@@ -158,22 +158,13 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
     # -- statements --------------------------------------------------------------------------
     def _body(self, body: tuple[Stmt, ...]) -> None:
         for s in body:
-            self._stmt(s)
-
-    def _stmt(self, s: Stmt) -> None:
-        self.visit_stmt(s)
+            self.visit_stmt(s)
 
     def default_stmt(self, s: Stmt) -> None:
         raise CodegenError(f"cannot generate {type(s).__name__}")
 
     def visit_store(self, s: Store) -> None:
         self._emit(f"{self._ref(s.buffer, s.indices)} = {self._expr(s.value)};")
-
-    def visit_loop(self, s: Loop) -> None:
-        self._loop(s)
-
-    def visit_allocate(self, s: Allocate) -> None:
-        self._allocate(s)
 
     def visit_ifthen(self, s: IfThen) -> None:
         self._emit(f"if ({self._expr(s.cond)}) {{")
@@ -188,7 +179,7 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
         self.depth -= 1
         self._emit("}")
 
-    def _allocate(self, s: Allocate) -> None:
+    def visit_allocate(self, s: Allocate) -> None:
         buf = s.buffer
         if buf.dtype != "float32":
             raise CodegenError(f"buffer {buf.name}: only float32 buffers are supported")
@@ -203,7 +194,7 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
             raise CodegenError(f"buffer {buf.name}: cannot allocate {buf.scope.value} memory")
         self._body(s.body)
 
-    def _loop(self, s: Loop) -> None:
+    def visit_loop(self, s: Loop) -> None:
         if s.kind in _GPU_INDEX:
             self._gpu_loop(s)
             return
