@@ -91,7 +91,7 @@ class Agent:
         while not self.stop.is_set():
             self._flush_spool()  # results first: claiming more while they wait helps nobody
             start = time.monotonic()
-            items = self._claim()
+            items = self._claim(self.settings.claim_size, self.settings.poll_s, retry=True)
             if items:
                 self._process(items, start)
                 idle_since = time.monotonic()
@@ -175,13 +175,14 @@ class Agent:
                     self.settings.target)
         return True
 
-    def _claim(self) -> list[dict[str, Any]]:
+    def _claim(self, max_items: int, wait_s: float, retry: bool) -> list[dict[str, Any]]:
+        """One claim (with ``retry``: repeated while the server is unavailable); nothing when
+        the server forgot this worker, which registers again."""
         def claim() -> list[dict[str, Any]]:
-            return self.client.claim(self.worker_id, self.settings.claim_size,
-                                     self.settings.poll_s)
+            return self.client.claim(self.worker_id, max_items, wait_s)
 
         try:
-            return self._retry("claim", claim) or []
+            return (self._retry("claim", claim) if retry else claim()) or []
         except ServerRejected as e:
             if e.status != 404:
                 raise
@@ -191,15 +192,7 @@ class Agent:
 
     def _claim_tasks(self, wait_s: float, max_items: int) -> list[ClaimItem]:
         """One claim for the feed thread: parsed tasks, held and heartbeated from now on."""
-        try:
-            items = self.client.claim(self.worker_id, self.settings.max_items or max_items,
-                                      wait_s)
-        except ServerRejected as e:
-            if e.status != 404:
-                raise
-            logger.warning("the server forgot this worker; registering again")
-            self._register()
-            return []
+        items = self._claim(self.settings.max_items or max_items, wait_s, retry=False)
         tasks = self._parse_items(items)
         self._threads.update({t.measure_id: t.threads for t in tasks})
         self.held.add(t.measure_id for t in tasks)

@@ -7,6 +7,7 @@ Backends are created inside the measuring process (a pool child), from a picklab
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 from abc import ABC, abstractmethod
@@ -121,3 +122,39 @@ def reduction_length(workload: Workload) -> int:
     outputs = math.prod(workload.output_shape())
     return max(1, workload.flops() // max(1, 2 * outputs))
 
+
+#: inputs are drawn from this seed so that every worker checks against the same reference
+INPUT_SEED = 0
+
+
+class Operands:
+    """A workload's inputs and, computed on first use, its reference output."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.inputs = workload.make_inputs(INPUT_SEED)
+        self._reference: np.ndarray | None = None
+
+    def reference(self) -> np.ndarray:
+        if self._reference is None:
+            self._reference = np.asarray(self.workload.reference(self.inputs))
+        return self._reference
+
+
+class OperandCache:
+    """The operands of the ``size`` workloads used last (inputs are drawn once per workload)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = max(1, size)
+        self._entries: collections.OrderedDict[str, Operands] = collections.OrderedDict()
+
+    def get(self, workload: Workload) -> Operands:
+        key = workload.key
+        found = self._entries.pop(key, None) or Operands(workload)
+        self._entries[key] = found
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        self._entries.clear()

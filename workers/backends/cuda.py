@@ -8,7 +8,6 @@ Device facts (``device_facts``) read attributes without creating a context, for 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import math
@@ -22,8 +21,14 @@ from schedule_templates.errors import DeviceCompileError, InvalidConfigError
 from schedule_templates.protocol import ClaimItem, Decoded, Target
 from schedule_templates.records import MeasureOptions
 from schedule_templates.space import ConfigSpace
-from workers.backends.base import Backend, BoundKernel, reduction_length, resolve
-from workers.backends.llvm import INPUT_SEED
+from workers.backends.base import (
+    Backend,
+    BoundKernel,
+    OperandCache,
+    Operands,
+    reduction_length,
+    resolve,
+)
 from workers.backends.timing import grow_number
 from workers.errors import BackendError
 
@@ -82,18 +87,6 @@ def target_for(facts: dict[str, Any], target: Target | None = None) -> Target:
     return (target or Target("cuda")).with_option("-arch", str(facts["compute_capability"]))
 
 
-class _Operands:
-    def __init__(self, resolved: Decoded) -> None:
-        self.workload = resolved.workload
-        self.inputs = resolved.workload.make_inputs(INPUT_SEED)
-        self._reference: np.ndarray | None = None
-
-    def reference(self) -> np.ndarray:
-        if self._reference is None:
-            self._reference = np.asarray(self.workload.reference(self.inputs))
-        return self._reference
-
-
 @dataclasses.dataclass
 class _CudaKernel:
     """A compiled kernel bound to device buffers (inputs uploaded once, output reused)."""
@@ -105,7 +98,7 @@ class _CudaKernel:
     allocations: list[Any]
     output_index: int
     output_shape: tuple[int, ...]
-    operands: _Operands
+    operands: Operands
     reduction_length: int
 
     def launch(self) -> None:
@@ -141,8 +134,7 @@ class CudaBackend(Backend):
         self.arch = str(self.facts["compute_capability"])
         self._context = self._drv.Device(device).make_context()
         self._nvcc_options = list(nvcc_options)
-        self._operands: collections.OrderedDict[str, _Operands] = collections.OrderedDict()
-        self._cached_workloads = max(1, cached_workloads)
+        self._operands = OperandCache(cached_workloads)
         #: spaces within this GPU's limits, per (template, workload): a claim is many configs
         #: of one task, and the facts never change for this backend
         self._spaces: dict[tuple[str, str], ConfigSpace] = {}
@@ -174,7 +166,7 @@ class CudaBackend(Backend):
         kernel = resolved.template.lower(resolved.workload, resolved.config)
         cuda = generate_cuda(kernel)
         module = self._build(cuda)
-        operands = self._operands_for(resolved)
+        operands = self._operands.get(resolved.workload)
         packed = resolved.template.pack(resolved.workload, resolved.config, operands.inputs)
         allocations: list[Any] = []
         try:
@@ -246,14 +238,6 @@ class CudaBackend(Backend):
                                 options=self._nvcc_options)
         except CompileError as e:
             raise DeviceCompileError(f"nvcc failed for {cuda.name}: {e}") from e
-
-    def _operands_for(self, resolved: Decoded) -> _Operands:
-        key = resolved.workload.key
-        found = self._operands.pop(key, None) or _Operands(resolved)
-        self._operands[key] = found
-        while len(self._operands) > self._cached_workloads:
-            self._operands.popitem(last=False)
-        return found
 
 
 def _padded(array: np.ndarray, slack: int) -> np.ndarray:

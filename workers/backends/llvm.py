@@ -12,7 +12,6 @@ us move between processes safely; a JIT'd engine cannot leave the process that m
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 from collections.abc import Mapping
@@ -23,32 +22,23 @@ import numpy as np
 from schedule_templates.errors import InvalidConfigError
 from schedule_templates.protocol import ClaimItem
 from schedule_templates.workloads import Workload
-from workers.backends.base import Backend, BoundKernel, Decoded, reduction_length, resolve
+from workers.backends.base import (
+    Backend,
+    BoundKernel,
+    Decoded,
+    OperandCache,
+    Operands,
+    reduction_length,
+    resolve,
+)
 from workers.compile_cache import CompileKey
 from workers.errors import BackendError
 
 logger = logging.getLogger(__name__)
 
-#: inputs are drawn from this seed so that every worker checks against the same reference
-INPUT_SEED = 0
-
-
-class _Operands:
-    """A workload's inputs and, computed on first use, its reference output."""
-
-    def __init__(self, workload: Workload) -> None:
-        self.workload = workload
-        self.inputs = workload.make_inputs(INPUT_SEED)
-        self._reference: np.ndarray | None = None
-
-    def reference(self) -> np.ndarray:
-        if self._reference is None:
-            self._reference = np.asarray(self.workload.reference(self.inputs))
-        return self._reference
-
 
 class _LlvmKernel:
-    def __init__(self, artifact: Any, prepared: Any, operands: _Operands) -> None:
+    def __init__(self, artifact: Any, prepared: Any, operands: Operands) -> None:
         self._artifact = artifact
         self._prepared = prepared
         self._operands = operands
@@ -75,8 +65,7 @@ class LlvmBackend(Backend):
     name = "llvm"
 
     def __init__(self, cached_workloads: int = 16) -> None:
-        self._operands: collections.OrderedDict[str, _Operands] = collections.OrderedDict()
-        self._cached_workloads = max(1, cached_workloads)
+        self._operands = OperandCache(cached_workloads)
 
     def compile(self, task: ClaimItem, resolved: Decoded | None) -> BoundKernel:
         try:
@@ -91,7 +80,7 @@ class LlvmBackend(Backend):
 
     def _bind(self, artifact: Any, workload: Workload) -> _LlvmKernel:
         try:
-            operands = self._operands_for(workload)
+            operands = self._operands.get(workload)
             prepared = artifact.prepare(operands.inputs)
         except BaseException:
             artifact.close()
@@ -137,14 +126,6 @@ class LlvmBackend(Backend):
         from schedule_templates.peak import measure_peak_gflops
 
         return measure_peak_gflops(threads)
-
-    def _operands_for(self, workload: Workload) -> _Operands:
-        key = workload.key
-        found = self._operands.pop(key, None) or _Operands(workload)
-        self._operands[key] = found
-        while len(self._operands) > self._cached_workloads:
-            self._operands.popitem(last=False)
-        return found
 
 
 @functools.cache
