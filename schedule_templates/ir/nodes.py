@@ -419,7 +419,3 @@ def _flatten(body: Sequence[Stmt | Sequence[Stmt]]) -> tuple[Stmt, ...]:
         else:
             out.extend(_flatten(item))
     return tuple(out)
-
-
-def seq(*body: Stmt | Sequence[Stmt]) -> tuple[Stmt, ...]:
-    return _flatten(body)
