@@ -1,12 +1,19 @@
 """Shared fixtures: ``database_url`` runs a test on SQLite (a temporary file) and on PostgreSQL
-(a fresh schema in 127.0.0.1:5432/test, dropped afterwards; skipped when unreachable)."""
+(a fresh schema in 127.0.0.1:5432/test, dropped afterwards; skipped when unreachable).
+
+Tests on the shared PostgreSQL hold ``postgres_lock`` shared; the one that restarts the server
+holds it alone, so no test of another pytest worker (``-n 2``) meets the restart."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,42 +81,83 @@ PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
+class PostgresLock:
+    """A file lock on the shared PostgreSQL, so it holds across pytest processes: ``shared()``
+    while a test uses the server, ``alone()`` while a test stops or restarts it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._users = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        if self._users == 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+        self._users += 1
+        try:
+            yield
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._fd is not None:
+                os.close(self._fd)  # releases the lock
+                self._fd = None
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Waits until no other process uses the server (this one's own use goes on)."""
+        with self.shared():
+            assert self._fd is not None
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # drops the shared lock, then waits
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_SH)
+
+
 @pytest.fixture(scope="session")
-def postgres_available() -> str:
+def postgres_lock() -> PostgresLock:
+    return PostgresLock(Path(tempfile.gettempdir()) / "tuner-tests-postgresql.lock")
+
+
+@pytest.fixture(scope="session")
+def postgres_available(postgres_lock: PostgresLock) -> str:
     """Empty string when PostgreSQL answers, else the reason it does not."""
     try:
         import psycopg
 
-        with psycopg.connect(PG_DSN) as conn:
+        with postgres_lock.shared(), psycopg.connect(PG_DSN) as conn:
             conn.execute("SELECT 1")
     except Exception as e:  # any failure means: skip the PostgreSQL half
         return f"PostgreSQL at 127.0.0.1:5432/test unreachable: {e}"
     return ""
 
 
-def _postgres_schema_url(reason: str) -> Iterator[str]:
+def _postgres_schema_url(reason: str, lock: PostgresLock) -> Iterator[str]:
     if reason:
         pytest.skip(reason)
     import psycopg
 
     schema = f"tuner_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
-    finally:
+    with lock.shared():
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+        finally:
+            with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path,
-                 postgres_available: str) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_available: str,
+                 postgres_lock: PostgresLock) -> Iterator[str]:
     """An empty database (no tables): SQLite file or a private PostgreSQL schema."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'tuner.db'}"
     else:
-        yield from _postgres_schema_url(postgres_available)
+        yield from _postgres_schema_url(postgres_available, postgres_lock)
 
 
 @pytest.fixture

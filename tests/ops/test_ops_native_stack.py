@@ -38,20 +38,21 @@ WORKLOAD = "dense:M=64,N=64,K=64"
 
 
 @pytest.fixture
-def pg_schema_url(postgres_available: str) -> Iterator[str]:
+def pg_schema_url(postgres_available: str, postgres_lock: Any) -> Iterator[str]:
     """An empty private schema in the test database (the server's command migrates it)."""
     if postgres_available:
         pytest.skip(postgres_available)
     import psycopg
 
     schema = f"tuner_stack_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
-    finally:
+    with postgres_lock.shared():  # tests/conftest.py: no restart of the server meanwhile
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+        finally:
+            with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def start(service: dict[str, Any], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

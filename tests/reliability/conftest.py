@@ -22,16 +22,18 @@ from rel_live import (
 
 
 @pytest.fixture(scope="session")
-def pg_reason() -> str:
-    return postgres_reason()
+def pg_reason(postgres_lock: Any) -> str:
+    with postgres_lock.shared():  # not while another test restarts the server
+        return postgres_reason()
 
 
 @pytest.fixture
-def pg_url(pg_reason: str) -> Iterator[str]:
-    """A migrated private schema in the shared PostgreSQL (skipped when unreachable)."""
+def pg_url(pg_reason: str, postgres_lock: Any) -> Iterator[str]:
+    """A migrated private schema in the shared PostgreSQL (skipped when unreachable); held
+    shared in ``postgres_lock`` (tests/conftest.py) until the schema is dropped."""
     if pg_reason:
         pytest.skip(pg_reason)
-    with postgres_schema() as url:
+    with postgres_lock.shared(), postgres_schema() as url:
         yield url
 
 
