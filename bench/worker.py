@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -233,38 +232,32 @@ def stub_item(measure_id: int, index: int, workload: str = "dense:M=64,N=64,K=64
 
 
 class LiveServer:
-    """The real service on a free loopback port; raises ImportError without its packages."""
+    """The real service (the embedded service's server thread) on a free loopback port;
+    raises ImportError without its packages."""
 
     def __init__(self, data_dir: Path) -> None:
-        import uvicorn
+        import uvicorn  # noqa: F401  (missing: the caller falls back to the stub server)
         from pydantic import SecretStr
 
-        from tuner_service.app import create_app
         from tuner_service.db.migrate import upgrade
         from tuner_service.settings import Settings
+        from tuner_service.tuning.embedded import free_port, server_thread
 
         data_dir.mkdir(parents=True)
         db = f"sqlite:///{data_dir / 'tuner.sqlite'}"
         upgrade(db)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        settings = Settings(data_dir=data_dir, database_url=db, bootstrap_token=SecretStr(TOKEN),
+        settings = Settings(data_dir=data_dir, database_url=db, host="127.0.0.1",
+                            port=free_port("127.0.0.1", 0), bootstrap_token=SecretStr(TOKEN),
                             driver_interval_s=0.05, batch_size=8, queue_depth=16)
-        self._server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1",
-                                                     port=port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{settings.port}"
+        self._server = server_thread(settings)
 
     def __enter__(self) -> LiveServer:
-        self._thread.start()
-        while not self._server.started:
-            time.sleep(0.05)
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
+        self._server.__exit__(None, None, None)
 
     def submit(self, trials: int) -> None:
         import httpx

@@ -27,7 +27,7 @@ from tuner_service.tuning.remote import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_SERVER", "ClientError", "ServiceClient", "resolve_server",
-           "wait_for"]
+           "wait_for", "with_client"]
 
 
 def resolve_server(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -87,17 +87,15 @@ def wait_for(client: ServiceClient, job_id: int, interval_s: float = 1.0) -> dic
     return status
 
 
-def _with_client(args: argparse.Namespace, action: Any) -> int:
+def with_client(args: argparse.Namespace, action: Any) -> int:
+    """``action(client)``'s exit code, or 1 after printing why the server refused."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
-    server, token = resolve_server(args)
-    client = ServiceClient(server, token)
     try:
-        return int(action(client) or 0)
+        with ServiceClient(*resolve_server(args)) as client:
+            return int(action(client) or 0)
     except ClientError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    finally:
-        client.close()
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -127,7 +125,7 @@ def _submit(args: argparse.Namespace) -> int:
             return 0 if status["status"] == JobStatus.DONE else 1
         return 0
 
-    return _with_client(args, action)
+    return with_client(args, action)
 
 
 def _upload_payload(path: Path) -> tuple[bytes, str]:
@@ -149,7 +147,7 @@ def _status(args: argparse.Namespace) -> int:
             print_status(status)
         return 0
 
-    return _with_client(args, action)
+    return with_client(args, action)
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -164,7 +162,7 @@ def _fetch(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         return 0
 
-    return _with_client(args, action)
+    return with_client(args, action)
 
 
 def _connection_flags(parser: argparse.ArgumentParser) -> None:

@@ -157,17 +157,14 @@ def _config_book(args: argparse.Namespace) -> Any:
     from tuner_service.cli.log import local_device_class
     from tuner_service.compiler.deploy.errors import ConfigSourceError
 
-    server, token = resolve_server(args)
-    client = ServiceClient(server, token)
     # this device's configs: its class, else the same microarchitecture or ISA level
     params = {"device_class": args.device_class or local_device_class(args.target),
               "target": args.target, "threads": args.threads or 1, "resolve": True}
     try:
-        pack = client.request("GET", "/packs", params=params)
+        with ServiceClient(*resolve_server(args)) as client:
+            pack = client.request("GET", "/packs", params=params)
     except ClientError as e:
         raise ConfigSourceError(str(e)) from e
-    finally:
-        client.close()
     return ConfigBook(entries_from_json(pack["tasks"], args.server), args.target)
 
 

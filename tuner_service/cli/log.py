@@ -117,15 +117,12 @@ def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> An
     """The server's answer, or None after printing why there is none."""
     from tuner_service.cli.client import ClientError, ServiceClient, resolve_server
 
-    server, token = resolve_server(args)
-    client = ServiceClient(server, token)
     try:
-        return client.request(method, path, **kwargs)
+        with ServiceClient(*resolve_server(args)) as client:
+            return client.request(method, path, **kwargs)
     except ClientError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
-    finally:
-        client.close()
 
 
 def _bad_input(message: str) -> int:

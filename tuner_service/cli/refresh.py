@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tuner_service.cli.client import ClientError, ServiceClient, resolve_server
+from tuner_service.cli.client import ClientError, ServiceClient, with_client
 from tuner_service.db.states import JOB_FINAL, JobStatus, TaskStatus
 
 #: the most workloads one job takes (the API's limit)
@@ -32,16 +31,7 @@ MAX_WORKLOADS_PER_JOB = 10_000
 
 
 def _refresh(args: argparse.Namespace) -> int:
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
-    server, token = resolve_server(args)
-    client = ServiceClient(server, token)
-    try:
-        return run_refresh(client, args)
-    except ClientError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
+    return with_client(args, lambda client: run_refresh(client, args))
 
 
 def run_refresh(client: ServiceClient, args: argparse.Namespace) -> int:
