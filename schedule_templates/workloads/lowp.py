@@ -32,6 +32,18 @@ from schedule_templates.workloads.base import Shape, Workload, register
 #: saturation range of each quantized output type
 QUANT_RANGES: dict[str, tuple[int, int]] = {"u8": (0, 255), "s8": (-128, 127)}
 QUANT_NUMPY: dict[str, type[np.generic]] = {"u8": np.uint8, "s8": np.int8}
+#: the int8 operators' requantization parameters: output type, scale granularity, int32 bias
+QUANT_PARAMS: dict[str, tuple[str, Any]] = {
+    "out": ("choice", "u8"),
+    "scale": ("choice", "channel"),
+    "bias": ("choice", "none"),
+}
+QUANT_CHOICES: dict[str, tuple[str, ...]] = {
+    "out": ("u8", "s8", "f32"),
+    "scale": ("channel", "tensor"),
+    "bias": ("none", "s32"),
+}
+QUANT_CONSTANTS = ("weight", "data_zero_point", "scale", "bias", "out_zero_point")
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:
@@ -72,6 +84,19 @@ def quantized_inputs(rng: np.random.Generator | int, data_shape: Shape, weight_s
     return inputs
 
 
+def quantized_shapes(data: Shape, weight: Shape, channels: int, scale: str, bias: str,
+                     out: str) -> dict[str, Shape]:
+    """An int8 operator's inputs in call order; its ``channels`` output channels each have a
+    scale (``scale=channel``) and a bias (``bias=s32``)."""
+    shapes: dict[str, Shape] = {"data": data, "weight": weight, "data_zero_point": (1,),
+                                "scale": (channels,) if scale == "channel" else (1,)}
+    if bias == "s32":
+        shapes["bias"] = (channels,)
+    if out != "f32":
+        shapes["out_zero_point"] = (1,)
+    return shapes
+
+
 def requantize(acc: np.ndarray, scale: np.ndarray, zero_point: int | None, out: str
                ) -> np.ndarray:
     """int32 accumulators -> outputs, as onnxruntime's QLinearMatMul rounds them: fp32
@@ -102,32 +127,18 @@ class DenseInt8(Workload):
         "M": ("int", None),
         "N": ("int", None),
         "K": ("int", None),
-        "out": ("choice", "u8"),
-        "scale": ("choice", "channel"),
-        "bias": ("choice", "none"),
+        **QUANT_PARAMS,
     }
-    choices: ClassVar[dict[str, tuple[str, ...]]] = {
-        "out": ("u8", "s8", "f32"),
-        "scale": ("channel", "tensor"),
-        "bias": ("none", "s32"),
-    }
-    constant_inputs: ClassVar[tuple[str, ...]] = (
-        "weight", "data_zero_point", "scale", "bias", "out_zero_point")
+    choices: ClassVar[dict[str, tuple[str, ...]]] = QUANT_CHOICES
+    constant_inputs: ClassVar[tuple[str, ...]] = QUANT_CONSTANTS
     examples: ClassVar[tuple[str, ...]] = (
         "dense_int8:M=6,N=32,K=12", "dense_int8:M=5,N=48,K=64,out=s8,scale=tensor",
         "dense_int8:M=4,N=16,K=8,out=f32", "dense_int8:M=3,N=20,K=10,bias=s32",
         "dense_int8:M=7,N=33,K=13,out=s8")
 
     def input_shapes(self) -> dict[str, Shape]:
-        shapes: dict[str, Shape] = {
-            "data": (self.M, self.K), "weight": (self.N, self.K), "data_zero_point": (1,),
-            "scale": (self.N,) if self.scale == "channel" else (1,),
-        }
-        if self.bias == "s32":
-            shapes["bias"] = (self.N,)
-        if self.out != "f32":
-            shapes["out_zero_point"] = (1,)
-        return shapes
+        return quantized_shapes((self.M, self.K), (self.N, self.K), self.N, self.scale,
+                                self.bias, self.out)
 
     def output_shape(self) -> Shape:
         return (self.M, self.N)

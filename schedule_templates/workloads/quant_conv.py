@@ -38,7 +38,14 @@ import numpy as np
 
 from schedule_templates.workloads.base import Shape, register
 from schedule_templates.workloads.conv import _CONV_PARAMS, _WINDOW_PARAMS, _Grouped
-from schedule_templates.workloads.lowp import quantized_inputs, requantize
+from schedule_templates.workloads.lowp import (
+    QUANT_CHOICES,
+    QUANT_CONSTANTS,
+    QUANT_PARAMS,
+    quantized_inputs,
+    quantized_shapes,
+    requantize,
+)
 
 
 @register
@@ -58,17 +65,10 @@ class Conv2dInt8(_Grouped):
         "K": ("int", None),
         **_WINDOW_PARAMS,
         "groups": ("int", 1),
-        "out": ("choice", "u8"),
-        "scale": ("choice", "channel"),
-        "bias": ("choice", "none"),
+        **QUANT_PARAMS,
     }
-    choices: ClassVar[dict[str, tuple[str, ...]]] = {
-        "out": ("u8", "s8", "f32"),
-        "scale": ("channel", "tensor"),
-        "bias": ("none", "s32"),
-    }
-    constant_inputs: ClassVar[tuple[str, ...]] = (
-        "weight", "data_zero_point", "scale", "bias", "out_zero_point")
+    choices: ClassVar[dict[str, tuple[str, ...]]] = QUANT_CHOICES
+    constant_inputs: ClassVar[tuple[str, ...]] = QUANT_CONSTANTS
     examples: ClassVar[tuple[str, ...]] = (
         "conv2d_int8:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1",
         "conv2d_int8:N=1,C=12,H=6,W=5,K=20,R=1,S=1,out=s8,scale=tensor,bias=s32",
@@ -82,17 +82,9 @@ class Conv2dInt8(_Grouped):
         self._check_groups()
 
     def input_shapes(self) -> dict[str, Shape]:
-        shapes: dict[str, Shape] = {
-            "data": (self.N, self.C, self.H, self.W),
-            "weight": (self.K, self.group_in, self.R, self.S),
-            "data_zero_point": (1,),
-            "scale": (self.K,) if self.scale == "channel" else (1,),
-        }
-        if self.bias == "s32":
-            shapes["bias"] = (self.K,)
-        if self.out != "f32":
-            shapes["out_zero_point"] = (1,)
-        return shapes
+        return quantized_shapes((self.N, self.C, self.H, self.W),
+                                (self.K, self.group_in, self.R, self.S), self.K, self.scale,
+                                self.bias, self.out)
 
     def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """The exact int32 accumulators, bias included (fp64 sums of integers far below
