@@ -2,7 +2,8 @@
 (a fresh schema in 127.0.0.1:5432/test, dropped afterwards; skipped when unreachable).
 
 Tests on the shared PostgreSQL hold ``postgres_lock`` shared; the one that restarts the server
-holds it alone, so no test of another pytest worker (``-n 2``) meets the restart."""
+holds it alone, so no test of another pytest worker (``-n 2``) meets the restart. A test marked
+``alone`` runs while no test of another pytest process runs (``machine_lock``)."""
 
 from __future__ import annotations
 
@@ -81,20 +82,33 @@ PG_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
-class PostgresLock:
-    """A file lock on the shared PostgreSQL, so it holds across pytest processes: ``shared()``
-    while a test uses the server, ``alone()`` while a test stops or restarts it."""
+class ProcessLock:
+    """A file lock that holds across pytest processes (``-n`` workers, parallel runs):
+    ``shared()`` beside others, ``alone()`` while no other process holds it. A waiting
+    ``alone()`` closes a gate, so new ``shared()`` users queue behind it instead of starving it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.gate = path.with_suffix(".gate")
         self._fd: int | None = None
         self._users = 0
 
     @contextmanager
+    def _through_gate(self) -> Iterator[None]:
+        gate = os.open(self.gate, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(gate)
+
+    @contextmanager
     def shared(self) -> Iterator[None]:
         if self._users == 0:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            with self._through_gate():
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            self._fd = fd
         self._users += 1
         try:
             yield
@@ -106,23 +120,44 @@ class PostgresLock:
 
     @contextmanager
     def alone(self) -> Iterator[None]:
-        """Waits until no other process uses the server (this one's own use goes on)."""
+        """Waits until no other process holds the lock (this one's own use goes on)."""
         with self.shared():
             assert self._fd is not None
-            fcntl.flock(self._fd, fcntl.LOCK_EX)  # drops the shared lock, then waits
+            with self._through_gate():
+                fcntl.flock(self._fd, fcntl.LOCK_EX)  # drops the shared lock, then waits
             try:
                 yield
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_SH)
 
 
-@pytest.fixture(scope="session")
-def postgres_lock() -> PostgresLock:
-    return PostgresLock(Path(tempfile.gettempdir()) / "tuner-tests-postgresql.lock")
+def _lock_path(name: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"tuner-tests-{name}.lock"
 
 
 @pytest.fixture(scope="session")
-def postgres_available(postgres_lock: PostgresLock) -> str:
+def postgres_lock() -> ProcessLock:
+    """Held shared while a test uses the shared PostgreSQL, alone while one restarts it."""
+    return ProcessLock(_lock_path("postgresql"))
+
+
+@pytest.fixture(scope="session")
+def machine_lock() -> ProcessLock:
+    return ProcessLock(_lock_path("machine"))
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request: pytest.FixtureRequest, machine_lock: ProcessLock
+                       ) -> Iterator[None]:
+    """A test marked ``alone`` (its point is latency or a race under its own load) runs while
+    no test of another pytest process runs; every other test runs beside others."""
+    hold = machine_lock.alone if request.node.get_closest_marker("alone") else machine_lock.shared
+    with hold():
+        yield
+
+
+@pytest.fixture(scope="session")
+def postgres_available(postgres_lock: ProcessLock) -> str:
     """Empty string when PostgreSQL answers, else the reason it does not."""
     try:
         import psycopg
@@ -134,7 +169,7 @@ def postgres_available(postgres_lock: PostgresLock) -> str:
     return ""
 
 
-def _postgres_schema_url(reason: str, lock: PostgresLock) -> Iterator[str]:
+def _postgres_schema_url(reason: str, lock: ProcessLock) -> Iterator[str]:
     if reason:
         pytest.skip(reason)
     import psycopg
@@ -152,7 +187,7 @@ def _postgres_schema_url(reason: str, lock: PostgresLock) -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_available: str,
-                 postgres_lock: PostgresLock) -> Iterator[str]:
+                 postgres_lock: ProcessLock) -> Iterator[str]:
     """An empty database (no tables): SQLite file or a private PostgreSQL schema."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'tuner.db'}"
