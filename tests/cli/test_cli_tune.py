@@ -68,7 +68,6 @@ def _trials_done(database: Path) -> int:
         return 0  # not created yet
 
 
-@pytest.mark.alone  # the interrupt must land mid-run: a race that other load tips over
 def test_an_interrupted_run_resumes_from_its_log(small_model: Path) -> None:
     out = small_model.parent / "out"
     env_home = {"HOME": str(small_model.parent)}
