@@ -1,7 +1,10 @@
 """A generated FMA loop that measures the machine's fp32 peak with our own code generator.
 
-Each thread keeps ``ACC`` independent vector accumulators busy with fused multiply-adds, enough
-to cover the FMA latency on two pipes, so the loop runs at the core's FMA throughput.
+Each thread keeps as many independent vector accumulators busy with fused multiply-adds as the
+host's register file holds beside the operand (``host_registers``: 14 of 16 ymm on AVX2, 28 of 32
+zmm on AVX-512), enough to cover the FMA latency on two pipes, so the loop runs at the core's FMA
+throughput. More accumulators than registers spill: a fixed 24 on a Zen 3 (AVX2) host measured
+33 GFLOPS per core against 104 with 14, while our dense kernel reached 67.
 """
 
 from __future__ import annotations
@@ -22,18 +25,18 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.runtime import aligned_empty
+from schedule_templates.templates.choose import host_registers
 
-ACC = 24
 #: long enough (a few ms per run) that starting the threads is noise, short enough to repeat
 ITERATIONS = 1 << 20
 
 
-def peak_kernel(threads: int, lanes: int) -> Kernel:
+def peak_kernel(threads: int, lanes: int, accumulators: int) -> Kernel:
     scale = Buffer("scale", (lanes,))
-    out = Buffer("out", (threads, ACC, lanes))
-    acc = Buffer("acc", (ACC, lanes), Scope.LOCAL)
+    out = Buffer("out", (threads, accumulators, lanes))
+    acc = Buffer("acc", (accumulators, lanes), Scope.LOCAL)
     t, par = loop("t", threads, LoopKind.PARALLEL)
-    a, unroll = loop("a", ACC, LoopKind.UNROLL)
+    a, unroll = loop("a", accumulators, LoopKind.UNROLL)
     v, vec = loop("v", lanes, LoopKind.VECTORIZE)
     _, steps = loop("i", ITERATIONS)
     body = par(Allocate(acc, (
@@ -51,13 +54,13 @@ def measure_peak_gflops(threads: int = 1, repeat: int = 15) -> float:
     to another process for part of the time, and a few runs do not."""
     import ctypes
 
-    lanes = host_vector_lanes()
-    kernel = peak_kernel(threads, lanes)
+    lanes, accumulators = host_vector_lanes(), host_registers().accumulators
+    kernel = peak_kernel(threads, lanes, accumulators)
     compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 2)
     try:
         scale = aligned_empty(lanes)
         scale[:] = 0.5  # a contraction: values stay finite however long the loop runs
-        out = aligned_empty(threads * ACC * lanes, zero=True)
+        out = aligned_empty(threads * accumulators * lanes, zero=True)
         args = [ctypes.c_void_p(scale.ctypes.data), ctypes.c_void_p(out.ctypes.data)]
         compiled.function(*args, threads)  # warm-up: page faults, thread start
         best = np.inf
@@ -65,7 +68,7 @@ def measure_peak_gflops(threads: int = 1, repeat: int = 15) -> float:
             start = time.perf_counter()
             compiled.function(*args, threads)
             best = min(best, time.perf_counter() - start)
-        flops = 2.0 * threads * ITERATIONS * ACC * lanes
+        flops = 2.0 * threads * ITERATIONS * accumulators * lanes
         return float(flops / best / 1e9)
     finally:
         compiled.close()
