@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StubServer, make_item
 
 from schedule_templates.protocol import Candidate, ClaimItem, Target
-from schedule_templates.records import MeasureOptions
+from schedule_templates.records import ErrorKind, MeasureOptions
+from tests.workers.conftest import StubServer, make_item
 from workers.agent import run_worker
 from workers.backends import BackendSpec
 from workers.errors import ServerRejected
@@ -72,6 +72,19 @@ def test_a_kernel_on_every_core_is_timed_with_nothing_building(tmp_path: Path) -
     for run in (e for e in events if e["phase"] == "time"):
         assert not [b for b in events if b["phase"] == "build"
                     and run["start"] <= b["at"] <= run["end"]]
+
+
+def test_a_slow_child_start_is_not_counted_as_build_time() -> None:
+    """The build timeout counts from the child's "compiling" message: a fresh child that takes
+    longer to start than a short build timeout (a loaded machine) still measures its task,
+    while a build that hangs in a started child is still cut at the timeout."""
+    options = dataclasses.replace(OPTIONS, build_timeout_s=0.5, run_timeout_s=0.5)
+    spec = BackendSpec("fake", {"validate": False, "start_s": 1.5, "faults": {"1": "hang_build"}})
+    with IsolatedMeasurer(spec, parallel_build=1) as m:
+        results = {t.candidate.config["index"]: r
+                   for t, r in m.measure_many(task(i, options) for i in range(2))}
+    assert results[0].ok, results[0].error_message
+    assert not results[1].ok and results[1].error is ErrorKind.BUILD_TIMEOUT
 
 
 def test_a_config_measured_again_is_loaded_from_the_compile_cache() -> None:

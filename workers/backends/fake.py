@@ -42,6 +42,7 @@ class FakeBackend(Backend):
     """Options: ``rates`` (mode -> probability), ``faults`` (config index -> mode, wins over
     rates), ``validate`` (check configs against the real templates), ``peak_gflops``,
     ``noise`` (relative spread of samples), ``compile_s`` / ``run_s`` (simulated durations),
+    ``start_s`` (a simulated slow start: the backend's construction sleeps that long),
     ``device_class`` (the class id a worker with this backend reports: simulated hardware),
     ``trace`` (a file that gets one JSON line per 10 ms of simulated building and per timed
     run, with the process, the time and the cores it may use: the pipeline's tests read it)."""
@@ -53,7 +54,8 @@ class FakeBackend(Backend):
                  faults: Mapping[int | str, str] | None = None, validate: bool = True,
                  peak_gflops: float = 100.0, noise: float = 0.01, compile_s: float = 0.0,
                  run_s: float = 0.0, device_class: str | None = None,
-                 trace: str | None = None) -> None:
+                 trace: str | None = None, start_s: float = 0.0) -> None:
+        time.sleep(start_s)
         self.seed = seed
         self.device_class = device_class
         self.rates = dict(rates or {})

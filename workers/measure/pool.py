@@ -50,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 #: how long a child that was asked to stop may take before it is killed
 STOP_GRACE_S = 2.0
+#: what a freshly started child may take to start its interpreter and import the backend before
+#: it says it is compiling; the build timeout counts from that message, so a short
+#: ``build_timeout_s`` on a loaded machine does not turn a child's start-up into BUILD_TIMEOUT
+CHILD_START_S = 30.0
 #: numpy computes the reference in the child; a multi-threaded BLAS leaves its threads
 #: spinning for a while afterwards, on the cores the timed kernel is about to use (measured:
 #: the first claim of a 1.3 ms kernel read 20-40% slow). Unless the user set these, the child
@@ -228,11 +232,13 @@ class IsolatedMeasurer:
         self._send(slot, GO)
 
     def _dispatch(self, slot: _Slot, task: ClaimItem) -> None:
+        start_up = 0.0
         if slot.process is None:
             self._start_child(slot)
+            start_up = CHILD_START_S
         slot.task, slot.phase, slot.granted = task, Phase.COMPILE, False
         slot.started = time.monotonic()
-        slot.deadline = slot.started + task.options.build_timeout_s
+        slot.deadline = slot.started + start_up + task.options.build_timeout_s
         slot.key = self._backend_class.cache_key(task, self.backend.options)
         self._send(slot, (task, self.cache.get(slot.key)))
 
@@ -291,7 +297,9 @@ class IsolatedMeasurer:
     def _enter_phase(self, slot: _Slot, phase: Phase) -> None:
         assert slot.task is not None
         slot.phase = phase
-        if phase is Phase.VERIFY:
+        if phase is Phase.COMPILE:  # the child is ready: the build's own time starts now
+            slot.deadline = time.monotonic() + slot.task.options.build_timeout_s
+        elif phase is Phase.VERIFY:
             slot.deadline = time.monotonic() + slot.task.options.run_timeout_s
         elif phase is Phase.TIME:
             slot.deadline = math.inf  # waiting for "go" is not the candidate's fault
