@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_model
 from onnx import helper
 
+from tests.deploy.conftest import make_model
 from tuner_service.cli.main import main
 
 

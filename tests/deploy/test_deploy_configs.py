@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model
 from onnx import helper
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
+from tests.deploy.conftest import make_model
 from tuner_service.cli.main import main
 from tuner_service.compiler.deploy.configs import ConfigBook, TunedEntry, load_configs_file
 from tuner_service.compiler.deploy.errors import ConfigSourceError

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model, onnxruntime_outputs
 from onnx import helper
 
+from tests.deploy.conftest import make_model, onnxruntime_outputs
 from tuner_service.cli.main import main
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model, onnxruntime_outputs
 from onnx import helper
 
 from schedule_templates.ops.base import op_kinds
+from tests.deploy.conftest import make_model, onnxruntime_outputs
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.executor import ModelRunner

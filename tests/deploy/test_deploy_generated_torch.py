@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import onnxruntime_outputs
+
+from tests.deploy.conftest import onnxruntime_outputs
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunModel, assert_close, make_model
 from onnx import helper
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
+from tests.deploy.conftest import RunModel, assert_close, make_model
 from tuner_service.compiler.deploy.configs import ConfigBook, TunedEntry
 
 RNG = np.random.default_rng(11)

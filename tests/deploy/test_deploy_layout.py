@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_model, onnxruntime_outputs
 from onnx import helper
 
+from tests.deploy.conftest import make_model, onnxruntime_outputs
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.errors import BuildError
 from tuner_service.compiler.deploy.executor import ModelRunner

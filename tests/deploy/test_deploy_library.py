@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_close, make_model, onnxruntime_outputs
 from onnx import helper
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
+from tests.deploy.conftest import assert_close, make_model, onnxruntime_outputs
 from tuner_service.compiler.deploy.configs import ConfigBook, TunedEntry, load_configs_file
 from tuner_service.compiler.deploy.errors import LibraryError, UnsupportedOperatorError
 from tuner_service.compiler.deploy.executor import ModelRunner

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_close, make_model, onnxruntime_outputs
 from onnx import helper
 
+from tests.deploy.conftest import assert_close, make_model, onnxruntime_outputs
 from tuner_service.cli.main import main
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.executor import ModelRunner

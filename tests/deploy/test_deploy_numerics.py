@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunModel, assert_close, make_model
 from onnx import helper
+
+from tests.deploy.conftest import RunModel, assert_close, make_model
 
 RNG = np.random.default_rng(7)
 

@@ -7,7 +7,8 @@ import warnings
 from typing import Any
 
 import pytest
-from conftest import RunModel, assert_close
+
+from tests.deploy.conftest import RunModel, assert_close
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")

@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Launcher
 from rel_live import ADMIN, LiveServer, wait_until
+
+from tests.reliability.conftest import Launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -11,8 +11,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import Launcher
 from rel_live import ADMIN, ROOT
+
+from tests.reliability.conftest import Launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StubServer, make_item
 
+from tests.workers.conftest import StubServer, make_item
 from workers.agent import run_worker
 from workers.settings import WorkerSettings
 
