@@ -141,11 +141,17 @@ def _store_group(session: Session, task: Any, job_id: int, group: list[Measureme
             kept = "stored" if safe == stored else "default"
             return chosen, cost, (f"the machine was busy while re-measuring: kept the {kept} "
                                   "config; tune again on a quiet machine")
-    medians = {index: _summary(rows)[1] for index, rows in quiet.items()}
-    chosen, cost, spread = _summary(quiet[min(medians, key=lambda i: (medians[i], i))])
-    update_tuning_log(session, chosen, job_id, mean_cost=cost, spread=spread, confirmed=True,
-                      force=stored in quiet)
-    return chosen, cost, ""
+    # every re-measurement noisy and neither the stored config nor the default among them (its
+    # re-measurements failed): the noisy ones decide, and the config is stored unconfirmed
+    deciding = quiet or by_config
+    medians = {index: _summary(rows)[1] for index, rows in deciding.items()}
+    chosen, cost, spread = _summary(deciding[min(medians, key=lambda i: (medians[i], i))])
+    update_tuning_log(session, chosen, job_id, mean_cost=cost, spread=spread,
+                      confirmed=bool(quiet), force=stored in deciding)
+    note = "" if quiet else ("the machine was busy while re-measuring and the default was not "
+                             "re-measured: stored the fastest, unconfirmed; tune again on a "
+                             "quiet machine")
+    return chosen, cost, note
 
 
 def _summary(rows: list[Measurement]) -> tuple[Measurement, float, float]:
