@@ -23,7 +23,8 @@ class ClassWorker:
 
     def __init__(self, client: Any, token: str, device_class: str, costs: Costs,
                  device_key: str = "local", target: str = "llvm", threads: int = 1,
-                 noisy: bool | Callable[[int], bool] = False) -> None:
+                 noisy: bool | Callable[[int], bool] = False,
+                 fails: Callable[[int, int], bool] = lambda _measure, _index: False) -> None:
         self.client = client
         self.headers = bearer(token)
         self.device_class = device_class
@@ -31,6 +32,8 @@ class ClassWorker:
         self.threads = threads
         #: report every result (or those whose measure id it accepts) as taken while busy
         self.noisy = noisy
+        #: (measure id, config index) -> report that measurement as a runtime error
+        self.fails = fails
         answer = client.post("/api/v1/workers/register", headers=self.headers, json={
             "device_key": device_key, "target": target, "name": device_class,
             "hardware": {"device_class": {"id": device_class}}, "software": {}})
@@ -54,8 +57,12 @@ class ClassWorker:
             index = item["config"]["index"]
             noisy = self.noisy(item["measure_id"]) if callable(self.noisy) else self.noisy
             self.measured.append((item["measure_id"], index))
-            results.append({"measure_id": item["measure_id"], "costs": self.costs(index),
-                            "error_kind": 0, "device_class": self.device_class,
+            failed = self.fails(item["measure_id"], index)
+            results.append({"measure_id": item["measure_id"],
+                            "costs": [] if failed else self.costs(index),
+                            "error_kind": 4 if failed else 0,
+                            "error_message": "crashed" if failed else "",
+                            "device_class": self.device_class,
                             "threads": self.threads, "noisy": noisy,
                             "load": 1.0 if noisy else 0.0})
         answer = self.client.post(self._url("results"), headers=self.headers,

@@ -143,3 +143,29 @@ def test_a_stray_noisy_re_measurement_is_left_out_not_a_veto(
     assert "busy" not in status["tasks"][0]["message"]
     stored = client.get("/api/v1/best", params={"workload": KEY, "device_class": ZEN4}).json()
     assert stored["config"]["index"] != default and stored["confirmed"]
+
+
+def test_a_busy_machine_without_the_default_stores_the_fastest_unconfirmed(
+        client: TestClient, tokens: dict[str, str], settings: Settings) -> None:
+    """Every re-measurement noisy, and the default's own re-measurements failed: nothing safe
+    to keep, so the noisy ones decide and the winner is stored unconfirmed, with a note (this
+    once failed the whole job with 'min() arg is an empty sequence')."""
+    default = default_index(KEY)
+    db = Database(settings.resolved_database_url)
+
+    def default_fails_on_recheck(measure_id: int, index: int) -> bool:
+        with db.session() as session:
+            purpose = session.scalar(select(Measurement.purpose).where(
+                Measurement.id == measure_id))
+        return index == default and purpose == "confirm"
+
+    worker = ClassWorker(client, tokens["worker"], ZEN4,
+                         lambda i: [5e-5 if i == default else 1e-5] * 3, device_key="failing",
+                         noisy=True, fails=default_fails_on_recheck)
+    status = worker.run_until_done(submit(client, tokens["user"], [KEY], 6,
+                                          device_key="failing"))
+    db.dispose()
+    assert status["status"] == "done", status
+    assert "unconfirmed" in status["tasks"][0]["message"]
+    stored = client.get("/api/v1/best", params={"workload": KEY, "device_class": ZEN4}).json()
+    assert stored["config"]["index"] != default and not stored["confirmed"]
