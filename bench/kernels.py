@@ -8,8 +8,11 @@ with the same thread count; the peak is our own generated FMA loop on the same t
 On the CPU, each dense row also tunes the same shape in int8 (u8 x s8, requantized to u8: VNNI
 where the host has it, vpmaddwd on AVX2) and bf16 (fp32 accumulation; hosts with AVX-512 BF16
 only), and each convolution row (conv2d, group and depthwise) its ``conv2d_int8`` twin, and
-reports them against our fp32 kernel (``--no-lowp`` skips; shapes a low-precision layout cannot
-take get a ``*_skipped`` reason instead).
+reports them against our fp32 kernel and against the peak of its own instruction, measured by the
+same generated loop as the fp32 peak (``int8_peak_gops``: vpdpbusd, ``bf16_peak_gops``:
+vdpbf16ps; where one issues less often than an FMA, as vdpbf16ps does on Intel's Xeons, the
+low-precision kernel cannot reach twice the fp32 one). ``--no-lowp`` skips; shapes a
+low-precision layout cannot take get a ``*_skipped`` reason instead.
 """
 
 from __future__ import annotations
@@ -104,6 +107,19 @@ def low_precision_keys(key: str) -> dict[str, str]:
     return {}
 
 
+#: the dot-product instruction each low-precision column's kernels run on (VNNI, AVX-512 BF16)
+DOT_INSTRUCTION = {"int8": "vpdpbusd", "bf16": "dpbf16ps"}
+#: the host feature each needs (int8 has the vpmaddwd path elsewhere, with no peak probe)
+DOT_FEATURE = {"int8": "+avx512vnni", "bf16": "+avx512bf16"}
+
+
+def dot_peaks(threads: int) -> dict[str, float]:
+    """column -> the peak of its dot-product instruction on this host, where it has one."""
+    features = set(host_features().split(","))
+    return {column: measure_peak_gflops(threads, instruction=DOT_INSTRUCTION[column])
+            for column, feature in DOT_FEATURE.items() if feature in features}
+
+
 def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int
                   ) -> dict[str, Any]:
     """int8 and bf16 columns for a plain key (``low_precision_keys``): tuned and default
@@ -155,6 +171,7 @@ def main() -> None:
     trials = args.trials or (12 if args.quick else 64)
     gpu = args.target.startswith("cuda")
     peak = None if gpu else measure_peak_gflops(args.threads)
+    lowp_peaks = {} if gpu or args.no_lowp else dot_peaks(args.threads)
     rows = []
     keys = [*CUDA_EXTRA, *ALL] if gpu else ALL
     for key in [k for k in keys if not args.only or args.only in k]:
@@ -166,6 +183,9 @@ def main() -> None:
             for column in ("int8", "bf16"):
                 row[f"{column}_vs_fp32"] = ratio(row.get(f"{column}_tuned_gops"),
                                                  row["tuned_gflops"])
+                row[f"{column}_peak_gops"] = lowp_peaks.get(column)
+                row[f"{column}_fraction_of_peak"] = ratio(row.get(f"{column}_tuned_gops"),
+                                                          lowp_peaks.get(column))
         row["peak_gflops"] = peak
         row["fraction_of_peak"] = ratio(row["tuned_gflops"], peak)
         row["vs_numpy"] = ratio(row["tuned_gflops"], row.get("numpy_gflops"))
@@ -179,6 +199,7 @@ def main() -> None:
     by_key = {r["workload"]: r for r in rows}
     summary = {
         "summary": True, "threads": args.threads, "trials": trials, "peak_gflops": peak,
+        **{f"{column}_peak_gops": value for column, value in lowp_peaks.items()},
         "resnet18_conv_geomean_vs_torch": geomean(
             [by_key[k]["vs_torch"] for k in RESNET18_CONVS if k in by_key]),
         "resnet18_3x3_min_fraction_of_peak": min(

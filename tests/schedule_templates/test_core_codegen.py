@@ -100,6 +100,28 @@ def test_peak_loop_reports_a_plausible_number():
     assert 1.0 < measure_peak_gflops(1, repeat=2) < 10_000
 
 
+@pytest.mark.parametrize("instruction,feature", [("vpdpbusd", "+avx512vnni"),
+                                                 ("dpbf16ps", "+avx512bf16")])
+def test_dot_peak_loop_runs_on_its_instruction(instruction, feature):
+    """The low-precision peaks are the same loop on the dot-product instruction: compiled for
+    a CPU that has it, the hot loop holds one per accumulator and no fp32 FMA; run where this
+    host has it."""
+    import llvmlite.binding as llvm
+
+    from schedule_templates.codegen.llvm_jit import _initialize, optimize
+    from schedule_templates.peak import peak_kernel
+
+    kernel = peak_kernel(1, 16, 28, instruction)
+    _initialize()
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu="sapphirerapids", features=f"+avx512f,+avx512bw,{feature}", opt=3)
+    asm = machine.emit_assembly(optimize(str(generate_llvm_ir(kernel)), machine))
+    mnemonic = "vdpbf16ps" if instruction == "dpbf16ps" else instruction
+    assert asm.count(mnemonic) >= 28 and "vfmadd" not in asm
+    if feature in host_features().split(","):
+        assert 1.0 < measure_peak_gflops(1, repeat=2, instruction=instruction) < 100_000
+
+
 @pytest.mark.slow
 def test_compiling_many_candidates_does_not_grow_memory():
     workload = parse_workload("dense:M=32,N=32,K=32")
