@@ -2,8 +2,9 @@
 
 Tests check every operator against its ``reference`` through this, and the deploy integration
 uses it for its own checks, so it binds arguments exactly as a model library does: inputs in
-``input_shapes()`` order as dense fp32 copies on 64-byte boundaries, then ``out``, then any
-workspace, then the thread count.
+``input_shapes()`` order as dense copies of each buffer's element type (fp32 but for the
+quantized operators) on 64-byte boundaries, then ``out``, then any workspace, then the thread
+count.
 """
 
 from __future__ import annotations
@@ -18,14 +19,7 @@ from schedule_templates.codegen.llvm_jit import CompiledKernel
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.nodes import Kernel
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError
-
-_ALIGN = 64
-
-
-def _aligned(n: int) -> np.ndarray:
-    raw = np.zeros(n + _ALIGN // 4, dtype=np.float32)
-    shift = (-raw.ctypes.data % _ALIGN) // 4
-    return raw[shift : shift + n]
+from schedule_templates.runtime import buffer_array
 
 
 class CompiledOp:
@@ -48,18 +42,18 @@ class CompiledOp:
             raise GeneratedOpError(f"{self.op.kind}: expected inputs {list(expected)}, "
                                    f"got {sorted(inputs)}")
         args = []
-        for name, shape in expected.items():
+        for (name, shape), buf in zip(expected.items(), self.kernel.params, strict=False):
             array = np.asarray(inputs[name])
             if tuple(array.shape) != tuple(shape):
                 raise GeneratedOpError(f"{self.op.kind}: input {name} has shape "
                                        f"{tuple(array.shape)}, expected {tuple(shape)}")
-            flat = _aligned(max(1, array.size))
-            flat[: array.size] = np.asarray(array, dtype=np.float32).reshape(-1)
+            flat = buffer_array(buf, zero=True)
+            flat[: array.size] = np.asarray(array, dtype=flat.dtype).reshape(-1)
             args.append(flat)
         out_shape = self.op.output_shape()
-        out = _aligned(max(1, self.kernel.output.size))
+        out = buffer_array(self.kernel.output, zero=True)
         args.append(out)
-        args += [_aligned(max(1, b.size + b.slack)) for b in self.kernel.workspace]
+        args += [buffer_array(b, zero=True) for b in self.kernel.workspace]
         pointers = [ctypes.c_void_p(a.ctypes.data) for a in args]
         self._compiled.function(*pointers, ctypes.c_int64(max(1, threads)))
         return out[: int(np.prod(out_shape, dtype=np.int64))].reshape(out_shape).copy()

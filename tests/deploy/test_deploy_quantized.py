@@ -17,9 +17,11 @@ from tests.frontend.quantized_models import feeds, quantized
 from tuner_service.compiler.deploy import int8_step
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.executor import ModelRunner, NumpyStep
-from tuner_service.compiler.deploy.int8_step import Int8KernelStep
+from tuner_service.compiler.deploy.int8_step import Int8AddStep, Int8KernelStep
 from tuner_service.compiler.deploy.library import build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.deploy.node import NodeInfo
+from tuner_service.compiler.deploy.ops_quant import DOMAIN_OPS
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 
 ort = pytest.importorskip("onnxruntime")
@@ -108,6 +110,33 @@ def test_int8_tensors_match_onnxruntime_exactly(tmp_path: Path, form: str) -> No
     for name in names:
         assert env[name].dtype == np.uint8
         np.testing.assert_array_equal(env[name], want[name], err_msg=name)
+
+
+def test_residual_addition_runs_on_its_generated_kernel_with_numpy_s_bytes(
+        tmp_path: Path) -> None:
+    """A quantized residual addition of two activations runs on its generated kernel (one
+    per distinct operator), gives the numpy step's bytes exactly, and the model still matches
+    onnxruntime's unfused evaluation within an output step."""
+    model = quantized(tmp_path, "qdq", residual=True)
+    runner = _runner(model, tmp_path / "lib")
+    adds = [s for s in runner.steps if isinstance(s, Int8AddStep)]
+    assert len(adds) == 1 and adds[0].op.size == 16 * 4 * 4
+    numpy_add = DOMAIN_OPS[(INT8_DOMAIN, "Int8Add")]
+    for seed in (1, 2, 3):
+        env = {**runner.constants, **feeds(seed)}
+        for step in runner.steps:
+            step(env)
+            if isinstance(step, Int8AddStep):
+                info = NodeInfo.from_proto(step.node, step.layer, 17)
+                want = numpy_add([env[name] for name in step.inputs], info)[0]
+                np.testing.assert_array_equal(env[step.outputs[0]], want)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    y_scale = next(float(onnx.numpy_helper.to_array(t))
+                   for t in onnx.load(model).graph.initializer if t.name == "y_scale")
+    x = feeds(4)
+    assert np.abs(runner.run(x)["y"] - session.run(None, x)[0]).max() <= 2 * y_scale + 1e-6
 
 
 def test_full_range_weights_stay_within_onnxruntime_saturation(tmp_path: Path) -> None:

@@ -14,8 +14,11 @@ import onnx.numpy_helper as nh
 INPUT_SHAPE = (1, 3, 8, 8)
 
 
-def float_model(seed: int = 0) -> onnx.ModelProto:
-    """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor."""
+def float_model(seed: int = 0, residual: bool = False) -> onnx.ModelProto:
+    """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor.
+    ``residual`` puts a ResNet block with a projection shortcut after the first Relu:
+    Add(Conv 3x3, Conv 1x1) -> Relu, both convolutions reading the same activation (a quantized
+    addition of two activations of one shape)."""
     rng = np.random.default_rng(seed)
 
     def weight(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
@@ -24,11 +27,17 @@ def float_model(seed: int = 0) -> onnx.ModelProto:
     inits = [weight("w1", (16, 3, 3, 3), 0.2), weight("b1", (16,), 0.1),
              weight("w2", (16 * 4 * 4, 32), 0.05), weight("b2", (32,), 0.1),
              weight("w3", (10, 32), 0.2), weight("b3", (10,), 0.1)]
+    if residual:
+        inits += [weight("w4", (16, 16, 3, 3), 0.1), weight("w5", (16, 16, 1, 1), 0.3)]
     nodes = [
         oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1],
                      strides=[2, 2]),
         oh.make_node("Relu", ["c1"], ["r1"], "relu1"),
-        oh.make_node("Flatten", ["r1"], ["f"], "flat"),
+        *([oh.make_node("Conv", ["r1", "w4"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
+           oh.make_node("Conv", ["r1", "w5"], ["c3"], "shortcut"),
+           oh.make_node("Add", ["c2", "c3"], ["s2"], "residual"),
+           oh.make_node("Relu", ["s2"], ["r2"], "relu2")] if residual else []),
+        oh.make_node("Flatten", ["r2" if residual else "r1"], ["f"], "flat"),
         oh.make_node("MatMul", ["f", "w2"], ["m"], "mm"),
         oh.make_node("Add", ["m", "b2"], ["a"], "add"),
         oh.make_node("Gemm", ["a", "w3", "b3"], ["y"], "fc", transB=1),
@@ -57,7 +66,8 @@ class _Reader:
         self._feeds = iter([feeds(s) for s in range(8)])
 
 
-def quantized(tmp: Path, form: str, reduce_range: bool = True) -> Path:
+def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = False
+              ) -> Path:
     """``form`` in qdq | qoperator | dynamic; the path of the quantized model.
 
     ``reduce_range`` quantizes weights to 7 bits: onnxruntime's AVX2 u8 x s8 kernel adds pairs
@@ -72,8 +82,9 @@ def quantized(tmp: Path, form: str, reduce_range: bool = True) -> Path:
         quantize_static,
     )
 
-    source, target = tmp / "float.onnx", tmp / f"{form}.onnx"
-    onnx.save(float_model(), source)
+    stem = f"{form}-residual" if residual else form
+    source, target = tmp / f"float-{stem}.onnx", tmp / f"{stem}.onnx"
+    onnx.save(float_model(residual=residual), source)
     if form == "dynamic":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8,
                          reduce_range=reduce_range)

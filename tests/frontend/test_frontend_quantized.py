@@ -50,6 +50,17 @@ def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> 
     assert [n.op_type for n in again.graph.node] == [n.op_type for n in proto.graph.node]
 
 
+def test_a_residual_input_read_as_8_bits_leaves_no_dead_dequantize(tmp_path: Path) -> None:
+    """The residual block's input feeds two int8 layers (the 3x3 and the shortcut): both read
+    its uint8 tensor after the rewrite, so its DequantizeLinear (read by nothing) is gone."""
+    proto = load_model(quantized(tmp_path, "qdq", residual=True))
+    ops = [(n.domain, n.op_type) for n in proto.graph.node]
+    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 5 and ops.count((INT8_DOMAIN, "Int8Add")) == 2
+    read = {name for node in proto.graph.node for name in node.input}
+    read |= {value.name for value in proto.graph.output}
+    assert all(out in read for node in proto.graph.node for out in node.output)
+
+
 def _initializer(proto: onnx.ModelProto, suffix: str) -> onnx.TensorProto:
     return next(t for t in proto.graph.initializer if t.name.endswith(suffix))
 

@@ -34,7 +34,7 @@ from tuner_service.compiler.deploy.generated_step import (
     bind_generated,
     generated_workspace,
 )
-from tuner_service.compiler.deploy.int8_step import Int8KernelStep, int8_kernel_for
+from tuner_service.compiler.deploy.int8_step import Int8AddStep, Int8KernelStep, int8_kernel_for
 from tuner_service.compiler.deploy.kernel_step import (
     KernelStep,
     Scratch,
@@ -43,7 +43,7 @@ from tuner_service.compiler.deploy.kernel_step import (
 )
 from tuner_service.compiler.deploy.layout import apply_layout
 from tuner_service.compiler.deploy.library import generated_layer_json, layer_json
-from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.deploy.loader import KernelLibrary, LoadedGenerated
 from tuner_service.compiler.deploy.native import ModelPlan, NativeError, NativeProgram
 from tuner_service.compiler.deploy.node import NodeInfo, OpFn
 from tuner_service.compiler.deploy.ops_image import IMAGE_OPS
@@ -130,6 +130,7 @@ class ModelRunner:
         self.kernel_steps: list[KernelStep] = []  # tuned layers
         self.generated_steps: list[GeneratedStep] = []
         self.int8_steps: list[Int8KernelStep] = []  # quantized layers on int8 kernels
+        self.int8_add_steps: list[Int8AddStep] = []  # quantized additions, generated
         for planned_layer in by_last.get(-1, []):  # layout transforms of model inputs
             self._add_layer(planned_layer, library)
         for index, node in enumerate(proto.graph.node):
@@ -181,6 +182,11 @@ class ModelRunner:
         info = NodeInfo.from_proto(node, name, self._opset)
         if node.domain == INT8_DOMAIN:  # a quantized layer: its int8 kernel when built
             kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
+            if isinstance(kernel, LoadedGenerated):
+                add = Int8AddStep(kernel, node, info, self.threads)
+                self.steps.append(add)
+                self.int8_add_steps.append(add)
+                return
             if kernel is not None:
                 int8 = Int8KernelStep(kernel, node, info, self.constants, self.threads)
                 self.steps.append(int8)
@@ -247,7 +253,7 @@ class ModelRunner:
 
 
 def _step_kind(step: Any) -> str:
-    if isinstance(step, Int8KernelStep):
+    if isinstance(step, Int8KernelStep | Int8AddStep):
         return "int8"
     if isinstance(step, GeneratedStep):
         return "generated"

