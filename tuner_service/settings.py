@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     #: a worker-role token accepted from the environment, so deployed workers hold no admin token
     bootstrap_worker_token: SecretStr | None = None
     check_schema: bool = True
+    #: seconds a worker's token check is reused by its claims and reports (``api.worker_auth``):
+    #: a revoked token or a deleted worker is refused at most this long after; 0 checks each time
+    worker_auth_cache_s: float = Field(default=2.0, ge=0, le=60)
     #: how long a request waits for SQLite's write lock or a pooled database connection before
     #: it is answered 503 with Retry-After (rather than hanging)
     database_busy_timeout_s: float = Field(default=10.0, gt=0, le=300)
@@ -91,6 +94,9 @@ class Settings(BaseSettings):
     # Logging: text or JSON lines. The CLI reads TUNER_LOG_FORMAT itself before settings exist
     # (tuner_service/logging_setup.py); the field is here so `tuner serve` validates it.
     log_format: Literal["text", "json"] = "text"
+    #: uvicorn's access log, one line per request (``tuner serve --no-access-log``): on by
+    #: default; a server feeding hundreds of workers spends a few percent of its CPU on it
+    access_log: bool = True
 
     # Defaults of the run protocol sent to workers
     measure_number: int = Field(default=1, ge=1)

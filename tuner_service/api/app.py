@@ -21,6 +21,7 @@ from tuner_service.api.errors import install_error_handlers
 from tuner_service.api.limits import FRAMING_SLACK, BodyLimit
 from tuner_service.api.metrics import install_metrics
 from tuner_service.api.routes import jobs, models, packs, refresh, shared, workers
+from tuner_service.api.worker_auth import WorkerGrants
 from tuner_service.db.engine import Database
 from tuner_service.db.migrate import check_schema
 from tuner_service.jobs.driver import JobDriver
@@ -48,6 +49,7 @@ def create_api(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings.resolved_database_url, settings.database_busy_timeout_s)
     app.state.driver = None
+    app.state.worker_grants = WorkerGrants(settings.worker_auth_cache_s)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + FRAMING_SLACK)
     install_metrics(app)

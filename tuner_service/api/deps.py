@@ -116,18 +116,28 @@ def job_or_404(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)
     return job
 
 
-def own_worker(db: DbDep, credentials: Credentials,
-               worker_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Worker:
+#: a worker's id in a path (``/workers/{worker_id}/...``)
+WorkerId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+def own_worker(db: DbDep, credentials: Credentials, worker_id: WorkerId) -> Worker:
     """The worker row, which only the token that registered it (or an admin) may act for.
 
     The token check (a worker or admin token) and the worker lookup share one short read
-    transaction: every claim, heartbeat and report starts here, so it costs one pooled
-    connection, not two. Not held open: the long-poll claim must not keep a transaction (on
-    SQLite an open write transaction would block every other writer for the whole wait)."""
+    transaction: every heartbeat and release starts here (claims and reports through the
+    short-lived cache of ``api.worker_auth``), so it costs one pooled connection, not two. Not
+    held open: the long-poll claim must not keep a transaction (on SQLite an open write
+    transaction would block every other writer for the whole wait)."""
     if credentials is None or not credentials.credentials:
         raise AuthError("missing bearer token (Authorization: Bearer <token>)")
+    return worker_for_token(db, credentials.credentials, worker_id)
+
+
+def worker_for_token(db: Database, secret: str, worker_id: int) -> Worker:
+    """The worker ``secret`` may act for (``own_worker``; ``api.worker_auth`` caches it), or
+    AuthError, ForbiddenError, NotFoundError saying why not."""
     with db.read_session() as session:
-        token = auth.authenticate(session, credentials.credentials)
+        token = auth.authenticate(session, secret)
         worker = session.get(Worker, worker_id) if token is not None else None
     if token is None:
         raise AuthError("invalid or revoked token")

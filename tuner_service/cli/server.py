@@ -35,7 +35,8 @@ def _serve(args: argparse.Namespace) -> int:
     from tuner_service.db.migrate import check_schema
     from tuner_service.errors import TunerServiceError
 
-    settings = _settings(args, host=args.host, port=args.port)
+    settings = _settings(args, host=args.host, port=args.port,
+                         access_log=getattr(args, "access_log", None))
     try:
         check_schema(settings.resolved_database_url)
     except TunerServiceError as e:
@@ -48,7 +49,8 @@ def _serve(args: argparse.Namespace) -> int:
     # in JSON mode uvicorn's own lines (startup, access log) go through the JSON handler too
     log_config = uvicorn_log_config(getattr(args, "log_format", "text")) or LOGGING_CONFIG
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="info", proxy_headers=True, log_config=log_config)
+                log_level="info", proxy_headers=True, log_config=log_config,
+                access_log=settings.access_log)
     return 0
 
 
@@ -167,6 +169,8 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--host", default=None, help="default 127.0.0.1 (TUNER_HOST)")
     serve.add_argument("--port", type=int, default=None, help="default 8000 (TUNER_PORT)")
     serve.add_argument("--database", default=None, help="database URL (TUNER_DATABASE_URL)")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                       help="one log line per request (default on; TUNER_ACCESS_LOG)")
     serve.set_defaults(func=_serve)
 
     db = subparsers.add_parser("db", help="database migrations")
