@@ -20,15 +20,16 @@ quarters of each word would be padding.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from schedule_templates.ir.nodes import (
     Buffer,
+    Const,
     Expr,
     Kernel,
-    Load,
+    LoopKind,
     Scope,
     Select,
     Stmt,
@@ -64,7 +65,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
     typed,
 )
-from schedule_templates.templates.x86_int8_stages import copy_rows, word_rows
+from schedule_templates.templates.x86_int8_stages import copy_rows, vector_walk
 from schedule_templates.workloads import Conv2dInt8, Workload
 
 
@@ -122,6 +123,14 @@ class _Geometry:
         reach = ((wl.R - 1) * wl.dilation[0] // wl.stride[0]) * self.phase_w + (
             (wl.S - 1) * wl.dilation[1] // wl.stride[1])
         return max(self.phase_h * self.phase_w, self.columns + reach)
+
+    def used_phases(self) -> list[int]:
+        """The phases some tap reads: all of them, or (a strided 1x1 convolution) one."""
+        wl = self.wl
+        sh, sw = wl.stride
+        used = sorted({(r * wl.dilation[0] % sh) * sw + s * wl.dilation[1] % sw
+                       for r in range(wl.R) for s in range(wl.S)})
+        return used if len(used) == 1 else list(range(self.phases))
 
     def tap_offsets(self) -> np.ndarray:
         """For reduction word ``(r*S + s) * channel_words + cw``: where its column 0 lies."""
@@ -235,33 +244,60 @@ class Conv2dInt8X86(Template):
 def _phase_stage(wl: Conv2dInt8, geo: _Geometry, data: Buffer, data_zp: Buffer,
                  phased: Buffer, n: Expr, g: Expr) -> Stmt:
     """Image n, group g -> ``phased[phase][channel word][y * Wh + x]``: the padded input's
-    ``(y * sh + ph, x * sw + pw)``, the zero point where that is padding."""
+    ``(y * sh + ph, x * sw + pw)``, the zero point where that is padding.
+
+    Threaded over (channel word, phase, row) and vectorized along the row: each lane reads
+    the ``per_word`` channels of one pixel from their planes (contiguous along the row for
+    stride 1) and stores one word. Walking a pixel's channel words innermost instead read
+    bytes a plane apart and ran at about 2 GB/s (0.38 ms of a 0.56 ms 1x1 convolution over
+    256 channels at 56x56)."""
     sh, sw = wl.stride
     top, left, _, _ = wl.pad
-    plane_size = geo.phase_h * geo.phase_w
-    rows = geo.phases * plane_size
+    per, bits = geo.inst.per_word, 32 // geo.inst.per_word
+    # only the phases some tap reads (a strided 1x1 convolution reads one of four)
+    used = geo.used_phases()
+    rows = len(used) * geo.phase_h
+    i, rows_loop = loop("ph_i", geo.channel_words * rows, LoopKind.PARALLEL)
+    cw, rest = i // rows, i % rows
+    y = rest % geo.phase_h
+    phase: Expr = (rest // geo.phase_h if len(used) == geo.phases else Const(used[0]))
+    iy = y * sh + phase // sw - top
+    row_inside = binop("and", iy >= 0, iy < wl.H)
+    cy = binop("min", binop("max", iy, 0), wl.H - 1)
+    # columns whose pixel is inside the image in every phase: read without clamps or selects,
+    # so the 16 lanes are one contiguous load for stride 1 (a clamped index made LLVM gather)
+    x_lo = min(geo.phase_w, -(-left // sw))
+    x_hi = max(x_lo, min(geo.phase_w, (wl.W - sw + left) // sw + 1))
+    rows_padded = any((top, wl.pad[2])) or geo.phase_h * sh > wl.H
 
-    def position(row: Expr) -> tuple[Expr, Expr]:
-        phase, within = row // plane_size, row % plane_size
-        iy = (within // geo.phase_w) * sh + phase // sw - top
-        ix = (within % geo.phase_w) * sw + phase % sw - left
-        return iy, ix
+    def byte(c: Expr, x: Expr, border: bool) -> Expr:
+        ix = x * sw + phase % sw - left
+        column = binop("min", binop("max", ix, 0), wl.W - 1) if border else ix
+        value: Expr = cast("int32", data[n, g * wl.group_in + binop("min", c, wl.group_in - 1),
+                                          cy, column])
+        inside = binop("and", ix >= 0, ix < wl.W) if border else None
+        if rows_padded:
+            inside = row_inside if inside is None else binop("and", row_inside, inside)
+        if inside is not None:
+            value = Select(inside, value, data_zp[0])
+        if wl.group_in % per:  # the last word's channels past the group's are zero
+            value = Select(c < wl.group_in, value, Const(0, "int32"))
+        return value
 
-    def source(row: Expr, c: Expr) -> Expr:
-        iy, ix = position(row)
-        inside = binop("and", binop("and", iy >= 0, iy < wl.H),
-                       binop("and", ix >= 0, ix < wl.W))
-        # clamped, so that the load stays in the buffer whichever value is selected
-        y = binop("min", binop("max", iy, 0), wl.H - 1)
-        x = binop("min", binop("max", ix, 0), wl.W - 1)
-        value = cast("int32", data[n, g * wl.group_in + c, y, x])
-        return Select(inside, value, data_zp[0])
+    def element(border: bool) -> Callable[[Expr], Stmt]:
+        def store_word(x: Expr) -> Stmt:
+            word: Expr = byte(cw * per, x, border)
+            for k in range(1, per):  # wrapping int32 arithmetic: the top byte may set the sign
+                word = word + byte(cw * per + k, x, border) * Const(1 << (bits * k), "int32")
+            target = phased[(phase * geo.channel_words + cw) * geo.plane
+                            + y * geo.phase_w + x]
+            return store(target, word)
 
-    def target(row: Expr, word: Expr) -> Load:
-        phase, within = row // plane_size, row % plane_size
-        return phased[(phase * geo.channel_words + word) * geo.plane + within]
+        return store_word
 
-    return word_rows(target, source, rows, wl.group_in, geo.channel_words, geo.inst, "ph")
+    return rows_loop(*vector_walk(x_lo, element(True), "ph_l"),
+                     *vector_walk(x_hi - x_lo, element(False), "ph", start=x_lo),
+                     *vector_walk(geo.phase_w - x_hi, element(True), "ph_e", start=x_hi))
 
 
 def _pack_weights(wl: Conv2dInt8, geo: _Geometry, weight: np.ndarray) -> np.ndarray:

@@ -3,7 +3,8 @@
 - ``word_rows``: rows of u8 values packed into the 32-bit words the nest broadcasts or loads
   (4 bytes per word for VNNI, two values widened to 16 bits for ``vpmaddwd``), K padded with
   zeros to whole groups;
-- ``copy_rows``: the real columns of a workspace computed with padded columns, copied out.
+- ``copy_rows``: the real columns of a workspace computed with padded columns, copied out;
+- ``vector_walk``: one row's elements as 16-lane pieces and a vectorized remainder.
 
 Both run in parallel over rows, with serial inner loops that LLVM vectorizes itself.
 """
@@ -71,15 +72,22 @@ def copy_rows(source: Buffer | Target, target: Target, rows: int, columns: int,
             return buffer[row, n]
 
     row, rows_loop = loop(f"{prefix}_m", rows, LoopKind.PARALLEL)
+    return rows_loop(*vector_walk(columns, lambda n: store(target(row, n), source(row, n)),
+                                  prefix))
+
+
+def vector_walk(columns: int, element: Callable[[Expr], Stmt], prefix: str = "v",
+                start: int = 0) -> list[Stmt]:
+    """``element(n)`` for n in start..start+columns-1: LANES-wide vectorized pieces, then the
+    rest."""
     body: list[Stmt] = []
-    blocks, rest = divmod(columns, LANES)
+    blocks, rest = divmod(max(0, columns), LANES)
     if blocks:
         cb, blocks_loop = loop(f"{prefix}_b", blocks)
         cj, lanes_loop = loop(f"{prefix}_j", LANES, LoopKind.VECTORIZE)
-        n = cb * LANES + cj
-        body.append(blocks_loop(lanes_loop(store(target(row, n), source(row, n)))))
+        body.append(blocks_loop(lanes_loop(element(cb * LANES + cj + start))))
     if rest:
-        cr, rest_loop = loop(f"{prefix}_r", rest, LoopKind.VECTORIZE)
-        n = cr + blocks * LANES
-        body.append(rest_loop(store(target(row, n), source(row, n))))
-    return rows_loop(*body)
+        cr, rest_loop = loop(f"{prefix}_r", rest, LoopKind.VECTORIZE if rest > 1
+                             else LoopKind.SERIAL)
+        body.append(rest_loop(element(cr + (blocks * LANES + start))))
+    return body

@@ -232,6 +232,11 @@ def test_conv_int8_reference_is_the_definition(key):
     "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
     "conv2d_int8:N=2,C=5,H=11,W=10,K=7,R=3,S=3,stride=2,pad=1,dilation=2,out=s8",
     "conv2d_int8:N=1,C=3,H=15,W=13,K=8,R=7,S=7,stride=2,pad=3",  # a ResNet stem
+    # the input stage's paths: one phase of four (strided 1x1), rows long enough for 16-lane
+    # pieces between the padded borders, odd widths and channels past whole words
+    "conv2d_int8:N=1,C=6,H=9,W=7,K=8,R=1,S=1,stride=2,bias=s32",
+    "conv2d_int8:N=1,C=5,H=6,W=37,K=8,R=3,S=3,pad=1",
+    "conv2d_int8:N=2,C=9,H=5,W=41,K=8,R=3,S=3,stride=2,pad=1x2x0x1",
 ])
 def test_conv_int8_is_exact(instruction, key):
     out, ref, _ = run(key)
