@@ -137,8 +137,11 @@ def int8_model_rows(models: list[BenchModel], args: argparse.Namespace
         except ModelUnavailable as e:
             rows += unavailable_rows(f"{model.name}-int8", str(e), args.threads)
             continue
+        # tuned like the fp32 rows (its own cache entry: MODEL-int8), before measuring
+        tunings = {t: tuning_of(quantized, t, args) for t in args.threads}
         with tempfile.TemporaryDirectory(prefix="e2e-int8-") as tmp:
-            for row in int8_rows(quantized, args.threads, args.iterations, Path(tmp)):
+            for row in int8_rows(quantized, args.threads, args.iterations, Path(tmp),
+                                 tunings):
                 row["ratios"] = ratios(row["engines"])
                 rows.append(row)
     return rows

@@ -1,7 +1,9 @@
 """The int8 columns of the end-to-end benchmark (``bench/e2e.py --int8``): each model quantized
 by onnxruntime's own tool (``quantize_static``, QDQ, uint8 activations, per-channel int8
 weights, calibrated on a few seeded random inputs), cached beside the fp32 exports, then timed
-with our default build, onnxruntime and OpenVINO on the same quantized file in the same run.
+with our default and tuned builds, onnxruntime and OpenVINO on the same quantized file in the
+same run. The tuned configs come from the same real ``tuner tune`` job as the fp32 rows'
+(``e2e_tune``, cached as ``MODEL-int8``): its tasks are the int8 layers.
 """
 
 from __future__ import annotations
@@ -72,10 +74,10 @@ def _random_feeds(path: Path, seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def int8_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path
-              ) -> list[dict[str, Any]]:
-    """One row per thread count: ours (default configs), onnxruntime and OpenVINO on the
-    quantized file."""
+def int8_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path,
+              tunings: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per thread count: ours (default configs, and tuned where ``tunings`` has
+    configs for that count), onnxruntime and OpenVINO on the quantized file."""
     library = tmp / "int8-default"
     built = build(str(model.path), library)
     rows = []
@@ -83,10 +85,18 @@ def int8_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path
         logger.info("%s: measuring at %d thread(s)", model.name, count)
         engines: dict[str, Any] = {"default": run_ours(str(model.path), library, count,
                                                        iterations)}
+        libraries = {"default": built}
+        tuning = (tunings or {}).get(count, {"skipped": "not tuned"})
+        if "configs" in tuning:
+            tuned = tmp / f"int8-tuned-t{count}"
+            libraries["tuned"] = build(str(model.path), tuned, Path(tuning["configs"]), count)
+            engines["tuned"] = (run_ours(str(model.path), tuned, count, iterations)
+                                if "error" not in libraries["tuned"] else libraries["tuned"])
+        else:
+            engines["tuned"] = {"skipped": "no tuned configs"}
         for peer in ("onnxruntime", "openvino"):
             engines[peer] = run_peer(peer, str(model.path), count, iterations)
-        engines["tuned"] = engines["torch"] = {"error": "not measured for int8"}
+        engines["torch"] = {"error": "not measured for int8"}
         rows.append({"model": model.name, "kind": model.kind, "threads": count,
-                     "engines": engines, "tuning": {"error": "int8: default configs only"},
-                     "libraries": {"default": built}})
+                     "engines": engines, "tuning": tuning, "libraries": libraries})
     return rows

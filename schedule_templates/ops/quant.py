@@ -1,4 +1,7 @@
-"""Quantized elementwise addition: ``QuantizedAdd`` for the residual adds of int8 models.
+"""The elementwise glue of int8 models: ``QuantizedAdd`` for residual additions, ``Quantize``
+and ``Dequantize`` for a lone ``QuantizeLinear`` / ``DequantizeLinear`` with a per-tensor scale
+(the conversions between int8 layers and the fp32 operators a quantized model keeps: attention,
+softmax, layer norm, pooling).
 
 The model compiler rewrites ``DequantizeLinear(a) + DequantizeLinear(b) [-> Relu] ->
 QuantizeLinear`` into one node (``frontend/quantized_glue.py``); this is its kernel. It does
@@ -11,13 +14,15 @@ even, plus the zero point.
 The operands are 8-bit (``uint8`` or ``int8``), of one shape (the model compiler leaves a
 broadcasting add to numpy); scales and zero points are per tensor and part of the operator, so
 they are compiled in as constants. One flat walk over the elements, in 16-lane pieces, threaded
-over blocks when there is enough work.
+over blocks when there is enough work. ``Quantize`` and ``Dequantize`` are the same operations
+alone: ``QuantizeLinear`` is fp32 ``x / scale``, clamped, rounded half to even, plus the zero
+point; ``DequantizeLinear`` is ``(float(x) - zero_point) * scale``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -27,6 +32,7 @@ from schedule_templates.ir.nodes import (
     Expr,
     Kernel,
     LoopKind,
+    Stmt,
     cast,
     fmax,
     fmin,
@@ -58,20 +64,12 @@ class QuantizedAdd(GeneratedOp):
     relu: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or self.size < 1:
-            raise GeneratedOpError(f"int8_add: size must be a positive integer, got {self.size!r}")
+        _check_size(self.kind, self.size)
         for side in ("a", "b", "out"):
-            dtype = getattr(self, f"{side}_dtype")
-            if dtype not in RANGES:
-                raise GeneratedOpError(f"int8_add: {side} must be uint8 or int8, got {dtype!r}")
+            _check_dtype(self.kind, side, getattr(self, f"{side}_dtype"))
         for side, dtype in (("a", self.a_dtype), ("b", self.b_dtype), ("y", self.out_dtype)):
-            scale, zero_point = getattr(self, f"{side}_scale"), getattr(self, f"{side}_zero_point")
-            if not (np.isfinite(scale) and scale > 0):
-                raise GeneratedOpError(f"int8_add: {side}_scale must be positive, got {scale!r}")
-            lo, hi = RANGES[dtype]
-            if not isinstance(zero_point, int) or not lo <= zero_point <= hi:
-                raise GeneratedOpError(f"int8_add: {side}_zero_point {zero_point!r} is outside "
-                                       f"{dtype}")
+            _check_quantization(self.kind, f"{side}_", getattr(self, f"{side}_scale"),
+                                getattr(self, f"{side}_zero_point"), dtype)
 
     def input_shapes(self) -> dict[str, Shape]:
         return {"a": (self.size,), "b": (self.size,)}
@@ -87,7 +85,7 @@ class QuantizedAdd(GeneratedOp):
         b = Buffer("b", (self.size,), dtype=self.b_dtype)
         out = Buffer("out", (self.size,), dtype=self.out_dtype)
 
-        def element(index: Expr, _lane: Expr) -> list:
+        def element(index: Expr) -> Expr:
             # x - (-y), not x + y: the code generator contracts ``p * q + r`` into an FMA,
             # which rounds once where numpy rounds twice (seen: 79.49999 became 79.5 and
             # rounded to the next output step). Negating a product is exact.
@@ -96,25 +94,9 @@ class QuantizedAdd(GeneratedOp):
                      * _f32(self.b_scale))
             if self.relu:
                 value = fmax(value, _f32(0.0))
-            return [store(out[index], self._quantized(value))]
+            return _quantized(value, self.y_scale, self.y_zero_point, self.out_dtype)
 
-        blocks, tail = divmod(self.size, BLOCK)
-        body: list = []
-        if blocks:
-            kind = LoopKind.PARALLEL if want_parallel(self.size, blocks) else LoopKind.SERIAL
-            block, mk = loop("blk", blocks, kind)
-            body.append(mk(vector_split(BLOCK, block * BLOCK, element)))
-        if tail:
-            body += vector_split(tail, blocks * BLOCK, element, name="t")
-        return Kernel(kernel_name(self.kind, self.key), (a, b, out), (), tuple(body))
-
-    def _quantized(self, value: Expr) -> Expr:
-        lo, hi = RANGES[self.out_dtype]
-        zp = self.y_zero_point
-        scaled = value / _f32(self.y_scale)
-        clamped = fmin(fmax(scaled, _f32(lo - zp)), _f32(hi - zp))
-        rounded = cast("int32", intrinsic("roundeven", clamped))
-        return cast(self.out_dtype, rounded + Const(zp, "int32"))
+        return _flat_kernel(self, (a, b), out, element)
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         a = _numpy_dequantized(inputs["a"], self.a_zero_point, self.a_scale)
@@ -122,9 +104,135 @@ class QuantizedAdd(GeneratedOp):
         value = a + b
         if self.relu:
             np.maximum(value, np.float32(0), out=value)
-        value = np.rint(value / np.float32(self.y_scale)) + np.float32(self.y_zero_point)
-        lo, hi = RANGES[self.out_dtype]
-        return np.clip(value, lo, hi).astype(self.out_dtype).reshape(self.output_shape())
+        return _numpy_quantized(value, self.y_scale, self.y_zero_point, self.out_dtype)
+
+
+@register_op
+@dataclasses.dataclass(frozen=True)
+class Quantize(GeneratedOp):
+    """``QuantizeLinear`` with a per-tensor scale and zero point: fp32 -> uint8 / int8."""
+
+    kind = "quantize"
+    size: int
+    scale: float
+    zero_point: int
+    out_dtype: str
+
+    def __post_init__(self) -> None:
+        _check_size(self.kind, self.size)
+        _check_dtype(self.kind, "out", self.out_dtype)
+        _check_quantization(self.kind, "", self.scale, self.zero_point, self.out_dtype)
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"x": (self.size,)}
+
+    def input_dtypes(self) -> dict[str, str]:
+        return {"x": "float32"}
+
+    def output_shape(self) -> Shape:
+        return (self.size,)
+
+    def lower(self) -> Kernel:
+        x = Buffer("x", (self.size,))
+        out = Buffer("out", (self.size,), dtype=self.out_dtype)
+        return _flat_kernel(self, (x,), out, lambda i: _quantized(
+            x[i], self.scale, self.zero_point, self.out_dtype))
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        value = np.asarray(inputs["x"], np.float32).reshape(-1)
+        return _numpy_quantized(value, self.scale, self.zero_point, self.out_dtype)
+
+
+@register_op
+@dataclasses.dataclass(frozen=True)
+class Dequantize(GeneratedOp):
+    """``DequantizeLinear`` with a per-tensor scale and zero point: uint8 / int8 -> fp32."""
+
+    kind = "dequantize"
+    size: int
+    in_dtype: str
+    scale: float
+    zero_point: int
+
+    def __post_init__(self) -> None:
+        _check_size(self.kind, self.size)
+        _check_dtype(self.kind, "in", self.in_dtype)
+        _check_quantization(self.kind, "", self.scale, self.zero_point, self.in_dtype)
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"x": (self.size,)}
+
+    def input_dtypes(self) -> dict[str, str]:
+        return {"x": self.in_dtype}
+
+    def output_shape(self) -> Shape:
+        return (self.size,)
+
+    def lower(self) -> Kernel:
+        x = Buffer("x", (self.size,), dtype=self.in_dtype)
+        out = Buffer("out", (self.size,))
+        return _flat_kernel(self, (x,), out, lambda i: _dequantized(
+            x[i], self.zero_point, self.scale))
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        return _numpy_dequantized(inputs["x"], self.zero_point, self.scale)
+
+
+def _flat_kernel(op: GeneratedOp, ins: tuple[Buffer, ...], out: Buffer,
+                 element: Callable[[Expr], Expr]) -> Kernel:
+    """``out[i] = element(i)`` over the flat buffers: threaded over BLOCK-sized blocks when
+    there is enough work, 16 lanes at a time, then the tail."""
+    size = out.shape[0]
+
+    def lanes(index: Expr, _lane: Expr) -> list[Stmt]:
+        return [store(out[index], element(index))]
+
+    blocks, tail = divmod(size, BLOCK)
+    body: list[Stmt] = []
+    if blocks:
+        kind = LoopKind.PARALLEL if want_parallel(size, blocks) else LoopKind.SERIAL
+        block, mk = loop("blk", blocks, kind)
+        body.append(mk(vector_split(BLOCK, block * BLOCK, lanes)))
+    if tail:
+        body += vector_split(tail, blocks * BLOCK, lanes, name="t")
+    return Kernel(kernel_name(op.kind, op.key), (*ins, out), (), tuple(body))
+
+
+def _quantized(value: Expr, scale: float, zero_point: int, dtype: str) -> Expr:
+    """fp32 ``value / scale`` clamped to the range less the zero point (clamping first is the
+    same as saturating after: the bounds are whole numbers), rounded half to even, plus the
+    zero point."""
+    lo, hi = RANGES[dtype]
+    scaled = value / _f32(scale)
+    clamped = fmin(fmax(scaled, _f32(lo - zero_point)), _f32(hi - zero_point))
+    rounded = cast("int32", intrinsic("roundeven", clamped))
+    return cast(dtype, rounded + Const(zero_point, "int32"))
+
+
+def _numpy_quantized(value: np.ndarray, scale: float, zero_point: int, dtype: str
+                     ) -> np.ndarray:
+    value = np.rint(value / np.float32(scale)) + np.float32(zero_point)
+    lo, hi = RANGES[dtype]
+    return np.clip(value, lo, hi).astype(dtype)
+
+
+def _check_size(kind: str, size: object) -> None:
+    if not isinstance(size, int) or size < 1:
+        raise GeneratedOpError(f"{kind}: size must be a positive integer, got {size!r}")
+
+
+def _check_dtype(kind: str, side: str, dtype: str) -> None:
+    if dtype not in RANGES:
+        raise GeneratedOpError(f"{kind}: {side} must be uint8 or int8, got {dtype!r}")
+
+
+def _check_quantization(kind: str, side: str, scale: float, zero_point: object, dtype: str
+                        ) -> None:
+    if not (np.isfinite(scale) and scale > 0):
+        raise GeneratedOpError(f"{kind}: {side}scale must be positive, got {scale!r}")
+    lo, hi = RANGES[dtype]
+    if not isinstance(zero_point, int) or not lo <= zero_point <= hi:
+        raise GeneratedOpError(f"{kind}: {side}zero_point {zero_point!r} is outside {dtype}")
 
 
 def _f32(value: float) -> Expr:

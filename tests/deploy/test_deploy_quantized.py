@@ -17,7 +17,8 @@ from tests.frontend.quantized_models import feeds, quantized
 from tuner_service.compiler.deploy import int8_step
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.executor import ModelRunner, NumpyStep
-from tuner_service.compiler.deploy.int8_step import Int8AddStep, Int8KernelStep
+from tuner_service.compiler.deploy.int8_glue import QuantGlueStep
+from tuner_service.compiler.deploy.int8_step import Int8KernelStep
 from tuner_service.compiler.deploy.library import build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
 from tuner_service.compiler.deploy.node import NodeInfo
@@ -116,17 +117,22 @@ def test_residual_addition_runs_on_its_generated_kernel_with_numpy_s_bytes(
         tmp_path: Path) -> None:
     """A quantized residual addition of two activations runs on its generated kernel (one
     per distinct operator), gives the numpy step's bytes exactly, and the model still matches
-    onnxruntime's unfused evaluation within an output step."""
+    onnxruntime's unfused evaluation within an output step. (The bias addition after the
+    MatMul broadcasts: it stays a numpy step.)"""
     model = quantized(tmp_path, "qdq", residual=True)
     runner = _runner(model, tmp_path / "lib")
-    adds = [s for s in runner.steps if isinstance(s, Int8AddStep)]
-    assert len(adds) == 1 and adds[0].op.size == 16 * 4 * 4
+    glue = [s.node.op_type for s in runner.steps if isinstance(s, QuantGlueStep)]
+    # the input's QuantizeLinear and the output's DequantizeLinear run on kernels too
+    assert glue == ["QuantizeLinear", "Int8Add", "DequantizeLinear"]
+    adds = [s for s in runner.steps if isinstance(s, QuantGlueStep)
+            and s.node.op_type == "Int8Add"]
+    assert adds[0].op.size == 16 * 4 * 4
     numpy_add = DOMAIN_OPS[(INT8_DOMAIN, "Int8Add")]
     for seed in (1, 2, 3):
         env = {**runner.constants, **feeds(seed)}
         for step in runner.steps:
             step(env)
-            if isinstance(step, Int8AddStep):
+            if step in adds:
                 info = NodeInfo.from_proto(step.node, step.layer, 17)
                 want = numpy_add([env[name] for name in step.inputs], info)[0]
                 np.testing.assert_array_equal(env[step.outputs[0]], want)

@@ -239,10 +239,10 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
         "kernel_layers": len(runner.kernel_steps),
         "generated_layers": len(runner.generated_steps),
         "int8_layers": len(runner.int8_steps),
-        "int8_add_steps": len(runner.int8_add_steps),
+        "int8_glue_steps": len(runner.int8_glue_steps),
         "numpy_steps": (len(runner.steps) - len(runner.kernel_steps)
                         - len(runner.generated_steps) - len(runner.int8_steps)
-                        - len(runner.int8_add_steps)),
+                        - len(runner.int8_glue_steps)),
         "native_calls": (sum(s.native for s in runner.plan.segments)
                          if runner.native is not None else None),
         "activation_memory": runner.plan.memory.summary(),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from schedule_templates.ops.base import GeneratedOpError, op_from_json
-from schedule_templates.ops.quant import RANGES, QuantizedAdd
+from schedule_templates.ops.quant import RANGES, Dequantize, Quantize, QuantizedAdd
 from schedule_templates.ops.run import compile_op
 
 
@@ -57,3 +57,27 @@ def test_quantized_add_round_trips_through_json_and_refuses_bad_parameters():
         QuantizedAdd(40, "uint8", 0.0, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
     with pytest.raises(GeneratedOpError, match="uint8 or int8"):
         QuantizedAdd(40, "float32", 0.5, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
+
+
+@pytest.mark.parametrize("size", [1, 31, 4096, 100_003])
+@pytest.mark.parametrize("dtype,zero_point", [("uint8", 128), ("int8", -5), ("uint8", 0)])
+def test_quantize_and_dequantize_equal_numpy(size, dtype, zero_point):
+    """Ties (x.5 steps round to even), saturation at both ends, odd sizes."""
+    rng = np.random.default_rng(size)
+    scale = 0.0625  # a power of two: many exact .5 ties among the inputs below
+    x = (rng.integers(-600, 600, size) * np.float32(scale / 2)).astype(np.float32)
+    quantize = Quantize(size, scale, zero_point, dtype)
+    q = quantize.reference({"x": x})
+    assert q.dtype == np.dtype(dtype)
+    if size > 1000:  # +-600 half steps reach past both ends of the range
+        assert {int(q.min()), int(q.max())} == set(RANGES[dtype])
+    dequantize = Dequantize(size, dtype, 0.037, zero_point)
+    compiled = [compile_op(quantize), compile_op(dequantize)]
+    try:
+        for threads in (1, 2):
+            np.testing.assert_array_equal(compiled[0]({"x": x}, threads=threads), q)
+            np.testing.assert_array_equal(compiled[1]({"x": q}, threads=threads),
+                                          dequantize.reference({"x": q}))
+    finally:
+        for c in compiled:
+            c.close()

@@ -34,7 +34,8 @@ from tuner_service.compiler.deploy.generated_step import (
     bind_generated,
     generated_workspace,
 )
-from tuner_service.compiler.deploy.int8_step import Int8AddStep, Int8KernelStep, int8_kernel_for
+from tuner_service.compiler.deploy.int8_glue import QuantGlueStep, is_glue
+from tuner_service.compiler.deploy.int8_step import Int8KernelStep, int8_kernel_for
 from tuner_service.compiler.deploy.kernel_step import (
     KernelStep,
     Scratch,
@@ -130,7 +131,7 @@ class ModelRunner:
         self.kernel_steps: list[KernelStep] = []  # tuned layers
         self.generated_steps: list[GeneratedStep] = []
         self.int8_steps: list[Int8KernelStep] = []  # quantized layers on int8 kernels
-        self.int8_add_steps: list[Int8AddStep] = []  # quantized additions, generated
+        self.int8_glue_steps: list[QuantGlueStep] = []  # quantized adds, (de)quantization
         for planned_layer in by_last.get(-1, []):  # layout transforms of model inputs
             self._add_layer(planned_layer, library)
         for index, node in enumerate(proto.graph.node):
@@ -180,12 +181,12 @@ class ModelRunner:
 
     def _add_node(self, node: onnx.NodeProto, name: str) -> None:
         info = NodeInfo.from_proto(node, name, self._opset)
-        if node.domain == INT8_DOMAIN:  # a quantized layer: its int8 kernel when built
+        if node.domain == INT8_DOMAIN or is_glue(node):  # its int8 kernel when built
             kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
             if isinstance(kernel, LoadedGenerated):
-                add = Int8AddStep(kernel, node, info, self.threads)
-                self.steps.append(add)
-                self.int8_add_steps.append(add)
+                glue = QuantGlueStep(kernel, node, info, self.threads)
+                self.steps.append(glue)
+                self.int8_glue_steps.append(glue)
                 return
             if kernel is not None:
                 int8 = Int8KernelStep(kernel, node, info, self.constants, self.threads)
@@ -253,7 +254,7 @@ class ModelRunner:
 
 
 def _step_kind(step: Any) -> str:
-    if isinstance(step, Int8KernelStep | Int8AddStep):
+    if isinstance(step, Int8KernelStep | QuantGlueStep):
         return "int8"
     if isinstance(step, GeneratedStep):
         return "generated"

@@ -8,9 +8,9 @@ the uint8 activation by pointer and writing a typed output buffer of their own. 
 a kernel (no template for its workload yet, e.g. ``conv2d_int8``, or a library built before
 int8 kernels existed) runs the numpy int8 reference (``ops_quant``), reported at load.
 
-The quantized residual additions (``Int8Add``, ``frontend.quantized_glue``) get a generated
-kernel each (``schedule_templates.ops.quant.QuantizedAdd``, same bytes as the numpy step), listed
-in ``int8_kernels`` with its operator instead of a workload and run by ``Int8AddStep``.
+The glue between them (quantized additions, lone QuantizeLinear / DequantizeLinear) gets
+generated kernels (``int8_glue``), listed in ``int8_kernels`` with their operator instead of a
+workload.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import onnx
 
 from schedule_templates.errors import ScheduleError
 from schedule_templates.ir.nodes import Buffer
-from schedule_templates.ops.quant import QuantizedAdd
-from schedule_templates.runtime import NUMPY_DTYPES, aligned_empty, buffer_array, lower
+from schedule_templates.runtime import buffer_array, lower
 from schedule_templates.templates.base import get_template
 from tuner_service.compiler.deploy.configs import Choice, ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
+from tuner_service.compiler.deploy.int8_glue import glue_ops
 from tuner_service.compiler.deploy.node import NodeInfo
-from tuner_service.compiler.frontend.quantized_glue import INT8_ADD
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
     INT8_OP,
@@ -42,9 +41,6 @@ from tuner_service.compiler.frontend.quantized_ops import (
 
 if TYPE_CHECKING:  # loader imports library, which imports this module
     from tuner_service.compiler.deploy.loader import LoadedGenerated, LoadedKernel
-
-#: ONNX element types of 8-bit tensors -> the IR's names
-_EIGHT_BIT = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8"}
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +55,7 @@ class Int8KernelSpec:
 
     @property
     def label(self) -> str:
-        return str(self.entry["workload"])
+        return str(self.entry.get("workload") or self.entry["generated"]["kind"])
 
 
 def int8_kernel_specs(proto: onnx.ModelProto, book: ConfigBook, target: str
@@ -68,11 +64,7 @@ def int8_kernel_specs(proto: onnx.ModelProto, book: ConfigBook, target: str
     this host; the others are left to the numpy reference (a warning says which)."""
     specs: dict[str, Int8KernelSpec] = {}
     skipped: dict[str, str] = {}
-    types = _eight_bit_tensors(proto) if target.startswith("llvm") else {}
     for node in proto.graph.node:
-        if node.domain == INT8_DOMAIN and node.op_type == INT8_ADD and types:
-            _add_spec(node, types, specs)
-            continue
         if node.domain != INT8_DOMAIN or node.op_type != INT8_OP:
             continue
         workload = int8_layer_workload(node)
@@ -96,52 +88,14 @@ def int8_kernel_specs(proto: onnx.ModelProto, book: ConfigBook, target: str
         specs[workload.key] = Int8KernelSpec(symbol, entry, kernel)
     for key, reason in skipped.items():
         logger.warning("int8 layers of %s run as numpy reference steps: %s", key, reason)
+    if target.startswith("llvm"):
+        for op, layers in glue_ops(proto):
+            symbol = f"q{len(specs):03d}_{op.kind}"
+            kernel = dataclasses.replace(op.lower(), name=symbol)
+            specs[op.key] = Int8KernelSpec(symbol, {
+                "symbol": symbol, "generated": op.to_json(), "args": _args_json(kernel),
+                "layers": layers}, kernel)
     return list(specs.values())
-
-
-def _eight_bit_tensors(proto: onnx.ModelProto) -> dict[str, tuple[str, int]]:
-    """tensor -> (IR element type, elements) for every 8-bit tensor of static shape."""
-    found = {}
-    graph = proto.graph
-    for value in [*graph.value_info, *graph.input, *graph.output]:
-        tensor = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim]
-        if tensor.elem_type in _EIGHT_BIT and tensor.HasField("shape") and all(dims):
-            found[value.name] = (_EIGHT_BIT[tensor.elem_type], int(np.prod(dims, dtype=np.int64)))
-    return found
-
-
-def quantized_add(node: onnx.NodeProto, types: Mapping[str, tuple[str, int]]
-                  ) -> QuantizedAdd | None:
-    """The generated operator of an Int8Add node; None when its operands' types or sizes are
-    not known or differ (a broadcasting add stays a numpy step)."""
-    a, b = types.get(node.input[0]), types.get(node.input[1])
-    if a is None or b is None or a[1] != b[1]:
-        return None
-    attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
-    out = attrs.get("out", b"u8")
-    return QuantizedAdd(
-        a[1], a[0], float(attrs["a_scale"]), int(attrs["a_zero_point"]),
-        b[0], float(attrs["b_scale"]), int(attrs["b_zero_point"]),
-        "uint8" if out in (b"u8", "u8") else "int8", float(attrs["y_scale"]),
-        int(attrs["y_zero_point"]), bool(attrs.get("relu", 0)))
-
-
-def _add_spec(node: onnx.NodeProto, types: Mapping[str, tuple[str, int]],
-              specs: dict[str, Int8KernelSpec]) -> None:
-    op = quantized_add(node, types)
-    if op is None:
-        logger.info("Int8Add %s stays a numpy step: its operands' sizes differ or are unknown",
-                    node.name)
-        return
-    if op.key in specs:
-        specs[op.key].entry["layers"].append(node.name)
-        return
-    symbol = f"q{len(specs):03d}_{op.kind}"
-    kernel = dataclasses.replace(op.lower(), name=symbol)
-    entry = {"symbol": symbol, "generated": op.to_json(), "args": _args_json(kernel),
-             "layers": [node.name]}
-    specs[op.key] = Int8KernelSpec(symbol, entry, kernel)
 
 
 def _args_json(kernel: Any) -> list[dict[str, Any]]:
@@ -209,33 +163,6 @@ class Int8KernelStep:
         if self._relu_floor is not None:
             result = np.maximum(result, self._relu_floor).astype(result.dtype)
         env[self.outputs[0]] = result
-
-
-class Int8AddStep:
-    """An Int8Add node run by its generated kernel: both 8-bit operands read by pointer, the
-    result in an output buffer of its own."""
-
-    def __init__(self, kernel: LoadedGenerated, node: onnx.NodeProto, info: NodeInfo,
-                 threads: int) -> None:
-        op = kernel.op
-        if not isinstance(op, QuantizedAdd):
-            raise LibraryError(f"int8 add {node.name}: its kernel is a {op.kind}, not int8_add")
-        self.kernel, self.node, self.info, self.op = kernel, node, info, op
-        self.layer = node.name
-        self.inputs, self.outputs = [node.input[0], node.input[1]], [node.output[0]]
-        self._dtypes = (NUMPY_DTYPES[op.a_dtype], NUMPY_DTYPES[op.b_dtype])
-        self._out = aligned_empty(op.size, zero=True, dtype=NUMPY_DTYPES[op.out_dtype])
-        self._threads = ctypes.c_int64(max(1, threads))
-
-    def __call__(self, env: dict[str, np.ndarray]) -> None:
-        a, b = (np.ascontiguousarray(env[name], dtype=dtype)
-                for name, dtype in zip(self.inputs, self._dtypes, strict=True))
-        if a.size != self.op.size or b.size != self.op.size:
-            raise LibraryError(f"int8 add {self.layer}: operands of {a.size} and {b.size} "
-                               f"elements, the kernel was built for {self.op.size}")
-        self.kernel.function(a.ctypes.data, b.ctypes.data, self._out.ctypes.data,
-                             self._threads)
-        env[self.outputs[0]] = self._out.reshape(a.shape)
 
 
 def _bound(buf: Buffer, packed: Mapping[str, np.ndarray], layer: str) -> np.ndarray:

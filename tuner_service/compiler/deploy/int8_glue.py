@@ -1,0 +1,151 @@
+"""Generated kernels for the glue of quantized models, and the steps that run them.
+
+Between its int8 layers a quantized model keeps elementwise conversions that would otherwise be
+numpy passes over whole activations: the quantized residual additions (``Int8Add``, from
+``frontend.quantized_glue``) and every ``QuantizeLinear`` / ``DequantizeLinear`` left standing
+where fp32 operators remain (attention, softmax, layer norm, pooling, the model's input and
+output). Each one with per-tensor constant parameters and a static size becomes a generated
+operator (``schedule_templates.ops.quant``) that gives numpy's bytes exactly; ``tuner build``
+compiles one kernel per distinct operator into the library (listed under ``int8_kernels`` with
+``generated``), and the runner calls it as a ``QuantGlueStep``. Anything else (per-channel
+parameters, a broadcasting addition, shapes not known at build time) stays a numpy step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from schedule_templates.ops.base import GeneratedOp
+from schedule_templates.ops.quant import Dequantize, Quantize, QuantizedAdd
+from schedule_templates.runtime import NUMPY_DTYPES, aligned_empty
+from tuner_service.compiler.deploy.errors import LibraryError
+from tuner_service.compiler.deploy.node import NodeInfo
+from tuner_service.compiler.frontend.fusion import node_name
+from tuner_service.compiler.frontend.quantized_glue import INT8_ADD
+from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
+
+if TYPE_CHECKING:  # loader imports library, which imports int8_step, which imports this
+    from tuner_service.compiler.deploy.loader import LoadedGenerated
+
+#: ONNX element types -> the IR's names, for the tensors the glue reads and writes
+_TYPES = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8",
+          onnx.TensorProto.FLOAT: "float32"}
+#: standard operators with a generated kernel when their parameters are per tensor
+GLUE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def is_glue(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` may have a glue kernel in the library (the runner looks it up)."""
+    if node.domain == INT8_DOMAIN:
+        return node.op_type == INT8_ADD
+    return node.domain in ("", "ai.onnx") and node.op_type in GLUE_OPS
+
+
+def glue_ops(proto: onnx.ModelProto) -> Iterator[tuple[GeneratedOp, list[str]]]:
+    """Each distinct glue operator of a loaded model, with the names of the nodes it serves."""
+    tensors = _static_tensors(proto.graph)
+    constants = {t.name: t for t in proto.graph.initializer}
+    found: dict[str, tuple[GeneratedOp, list[str]]] = {}
+    for index, node in enumerate(proto.graph.node):
+        op = glue_op(node, tensors, constants) if is_glue(node) else None
+        if op is not None:
+            found.setdefault(op.key, (op, []))[1].append(node_name(node, index))
+    yield from found.values()
+
+
+def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, int]],
+            constants: Mapping[str, onnx.TensorProto]) -> GeneratedOp | None:
+    """The generated operator for one glue node, or None where it stays a numpy step."""
+    if node.domain == INT8_DOMAIN:
+        return _quantized_add(node, tensors)
+    source = node.input[0]
+    if source in constants or source not in tensors:
+        return None  # a weight's conversion is folded at load; an unknown size stays numpy
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    scale = _scalar(constants, node.input[1] if len(node.input) > 1 else "")
+    zero = (_scalar(constants, node.input[2]) if len(node.input) > 2 and node.input[2]
+            else np.zeros((), np.uint8))
+    if scale is None or zero is None or attrs.get("block_size", 0):
+        return None
+    dtype, size = tensors[source]
+    if scale.dtype != np.float32 or not float(scale) > 0:
+        return None
+    if node.op_type == "QuantizeLinear":
+        out = _TYPES.get(onnx.helper.np_dtype_to_tensor_dtype(zero.dtype))
+        if dtype != "float32" or out not in ("uint8", "int8"):
+            return None
+        return Quantize(size, float(scale), int(zero), out)
+    if dtype not in ("uint8", "int8") or zero.dtype != np.dtype(dtype):
+        return None
+    return Dequantize(size, dtype, float(scale), int(zero))
+
+
+def _quantized_add(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, int]]
+                   ) -> QuantizedAdd | None:
+    a, b = tensors.get(node.input[0]), tensors.get(node.input[1])
+    if a is None or b is None or a[1] != b[1] or "float32" in (a[0], b[0]):
+        return None  # a broadcasting addition stays numpy
+    attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
+    out = attrs.get("out", b"u8")
+    return QuantizedAdd(
+        a[1], a[0], float(attrs["a_scale"]), int(attrs["a_zero_point"]),
+        b[0], float(attrs["b_scale"]), int(attrs["b_zero_point"]),
+        "uint8" if out in (b"u8", "u8") else "int8", float(attrs["y_scale"]),
+        int(attrs["y_zero_point"]), bool(attrs.get("relu", 0)))
+
+
+def _static_tensors(graph: onnx.GraphProto) -> dict[str, tuple[str, int]]:
+    """tensor -> (IR element type, elements) for every uint8/int8/fp32 tensor of static
+    shape that shape inference typed."""
+    found = {}
+    for value in [*graph.value_info, *graph.input, *graph.output]:
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim]
+        if tensor.elem_type in _TYPES and tensor.HasField("shape") and all(dims):
+            found[value.name] = (_TYPES[tensor.elem_type], int(np.prod(dims, dtype=np.int64)))
+    return found
+
+
+def _scalar(constants: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray | None:
+    tensor = constants.get(name)
+    if tensor is None:
+        return None
+    value = onnx.numpy_helper.to_array(tensor)
+    return value.reshape(()) if value.size == 1 else None
+
+
+class QuantGlueStep:
+    """A glue node run by its generated kernel: its 8-bit or fp32 inputs read by pointer, the
+    result in an output buffer of its own."""
+
+    def __init__(self, kernel: LoadedGenerated, node: onnx.NodeProto, info: NodeInfo,
+                 threads: int) -> None:
+        op = kernel.op
+        if not isinstance(op, QuantizedAdd | Quantize | Dequantize):
+            raise LibraryError(f"{node.op_type} {info.name}: its kernel is a {op.kind}, not "
+                               "a quantization glue operator")
+        self.kernel, self.node, self.info, self.op = kernel, node, info, op
+        self.layer = info.name
+        dtypes = op.input_dtypes()
+        self.inputs = list(node.input[:len(dtypes)])
+        self.outputs = [node.output[0]]
+        self._dtypes = [NUMPY_DTYPES[d] for d in dtypes.values()]
+        out = "float32" if isinstance(op, Dequantize) else op.out_dtype
+        self._out = aligned_empty(op.size, zero=True, dtype=NUMPY_DTYPES[out])
+        self._threads = ctypes.c_int64(max(1, threads))
+
+    def __call__(self, env: dict[str, np.ndarray]) -> None:
+        arrays = [np.ascontiguousarray(env[name], dtype=dtype)
+                  for name, dtype in zip(self.inputs, self._dtypes, strict=True)]
+        if any(a.size != self.op.size for a in arrays):
+            raise LibraryError(f"{self.node.op_type} {self.layer}: inputs of "
+                               f"{[a.size for a in arrays]} elements, the kernel was built for "
+                               f"{self.op.size}")
+        self.kernel.function(*(a.ctypes.data for a in arrays), self._out.ctypes.data,
+                             self._threads)
+        env[self.outputs[0]] = self._out.reshape(arrays[0].shape)
