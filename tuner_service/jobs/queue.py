@@ -4,12 +4,13 @@ release, and returning expired leases. Every lease is timed by the database cloc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Integer, Row, Select, String, Update, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.errors import ScheduleError
@@ -71,48 +72,113 @@ def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> l
     One guarded UPDATE: rows move from ``queued`` to ``leased`` only once, so two claimers never
     get the same item; on PostgreSQL the row pick also skips rows another claimer has locked.
     """
+    stmt = _claim_ids(_postgres(session), _served(worker), float(lease_s))
+    return sorted(session.scalars(stmt, _lease_params(worker, max_items)).all())
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _served(worker: Worker) -> tuple[str, ...]:
+    return tuple(Target.parse(worker.target).served())
+
+
+def _lease_params(worker: Worker, max_items: int) -> dict[str, Any]:
+    return {"claim_worker": worker.id, "claim_device": worker.device_key,
+            "claim_limit": max_items}
+
+
+# The claim statements are built once per (dialect, the job targets a worker serves, lease)
+# and reused: constructing one (dozens of clause objects, a CTE's column collection) cost more
+# server time than running it. Statements are immutable, so one object serves every thread;
+# the worker, its device key and the number of items are bound at execution (_lease_params).
+
+def _lease(postgres: bool, served: tuple[str, ...], lease_s: float, skip_locked: bool = True
+           ) -> Update:
+    """``claim``'s guarded UPDATE, without its RETURNING."""
     pick = (
         select(Measurement.id)
-        .where(Measurement.state == MeasurementState.QUEUED,
-               Measurement.target.in_(Target.parse(worker.target).served()),
-               or_(Measurement.device_key.is_(None), Measurement.device_key == worker.device_key))
+        .where(Measurement.state == MeasurementState.QUEUED, Measurement.target.in_(served),
+               or_(Measurement.device_key.is_(None),
+                   Measurement.device_key == bindparam("claim_device", type_=String)))
         .order_by(Measurement.id)
-        .limit(max_items)
+        .limit(bindparam("claim_limit", type_=Integer))
     )
-    if session.get_bind().dialect.name == "postgresql":
+    if postgres:
         # A CTE runs once; "id IN (subquery ... LIMIT n)" may be re-run per row by the planner
         # and then lease more than n rows.
-        picked = pick.with_for_update(skip_locked=True).cte("picked")
+        picked = pick.with_for_update(skip_locked=skip_locked).cte("picked")
         where = Measurement.id == picked.c.id
     else:
         where = Measurement.id.in_(pick.scalar_subquery())  # SQLite writers are serialized
-    stmt = (
+    return (
         update(Measurement)
         .where(where, Measurement.state == MeasurementState.QUEUED)
-        .values(state=MeasurementState.LEASED, lease_owner=worker.id,
+        .values(state=MeasurementState.LEASED,
+                lease_owner=bindparam("claim_worker", type_=Integer),
                 lease_expires_at=utcnow_plus(lease_s), claimed_at=utcnow(),
                 attempts=Measurement.attempts + 1)
-        .returning(Measurement.id)
         .execution_options(synchronize_session=False)
     )
-    return sorted(session.scalars(stmt).all())
 
 
-def claimed_items(session: Session, ids: Sequence[int], default_options: dict[str, Any]
-                  ) -> list[ClaimItem]:
-    """The protocol items for freshly claimed ids. A row is decoded into its candidate here
-    (the database is a boundary: a row may have been edited or written by an older server);
-    one that does not fit its template's space is recorded as an instantiation error instead
-    of being handed out (spaces and workloads are cached: decoding costs little)."""
-    rows = session.execute(
-        select(Measurement.id, Measurement.template, Measurement.template_version,
-               Measurement.workload_key, Measurement.target, Measurement.config,
-               Job.options, Job.threads)  # plain rows: no ORM objects on the claim path
+@functools.lru_cache(maxsize=64)
+def _claim_ids(postgres: bool, served: tuple[str, ...], lease_s: float) -> Update:
+    return _lease(postgres, served, lease_s).returning(Measurement.id)
+
+
+#: what a claimed item is made of: the measurement's columns, its job's options and threads
+_ITEM_COLUMNS = (Measurement.id, Measurement.template, Measurement.template_version,
+                 Measurement.workload_key, Measurement.target, Measurement.config)
+
+
+def _item_rows(session: Session, ids: Sequence[int]) -> Sequence[Row[Any]]:
+    return session.execute(
+        select(*_ITEM_COLUMNS, Job.options, Job.threads)  # plain rows: no ORM objects here
         .outerjoin(JobTask, JobTask.id == Measurement.job_task_id)
         .outerjoin(Job, Job.id == JobTask.job_id)
         .where(ids_in(session, Measurement.id, ids))
         .order_by(Measurement.id)
     ).all()
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_items_postgres(served: tuple[str, ...], lease_s: float, skip_locked: bool
+                          ) -> Select[Any]:
+    """The worker's heartbeat, the lease and the read of the leased items as one statement (one
+    round trip): ``WITH touched AS (UPDATE workers ...), picked AS (SELECT ... FOR UPDATE SKIP
+    LOCKED), claimed AS (UPDATE measurements ... RETURNING ...) SELECT ... FROM claimed``.
+    PostgreSQL runs every data-modifying WITH part exactly once, read or not."""
+    touched = (update(Worker)
+               .where(Worker.id == bindparam("claim_worker", type_=Integer))
+               .values(last_heartbeat=utcnow()).returning(Worker.id).cte("touched"))
+    claimed = (_lease(True, served, lease_s, skip_locked)
+               .returning(*_ITEM_COLUMNS, Measurement.job_task_id).cte("claimed"))
+    return (
+        select(claimed.c.id, claimed.c.template, claimed.c.template_version,
+               claimed.c.workload_key, claimed.c.target, claimed.c.config, Job.options,
+               Job.threads)
+        .select_from(claimed)
+        .outerjoin(JobTask, JobTask.id == claimed.c.job_task_id)
+        .outerjoin(Job, Job.id == JobTask.job_id)
+        .order_by(claimed.c.id)
+        .add_cte(touched)
+    )
+
+
+def claimed_items(session: Session, ids: Sequence[int], default_options: dict[str, Any]
+                  ) -> list[ClaimItem]:
+    """The protocol items for freshly claimed ids (``_items``)."""
+    return _items(session, _item_rows(session, ids), default_options)
+
+
+def _items(session: Session, rows: Sequence[Row[Any]], default_options: dict[str, Any]
+           ) -> list[ClaimItem]:
+    """The protocol items of claimed rows. A row is decoded into its candidate here
+    (the database is a boundary: a row may have been edited or written by an older server);
+    one that does not fit its template's space is recorded as an instantiation error instead
+    of being handed out (spaces and workloads are cached: decoding costs little)."""
     items = []
     for m in rows:
         candidate = Candidate(m.template, m.workload_key, m.config, m.template_version)
@@ -182,9 +248,21 @@ def requeue_expired(session: Session, max_attempts: int) -> tuple[int, int]:
 def claim_batch(db: Database, worker: Worker, max_items: int, lease_s: float,
                 default_options: dict[str, Any]) -> list[ClaimItem]:
     """One claim attempt in its own transaction (the long-poll calls this repeatedly): the
-    worker's heartbeat, one guarded UPDATE and one read of the items, whatever ``max_items``.
+    worker's heartbeat, one guarded UPDATE and one read of the items, whatever ``max_items``;
+    on PostgreSQL the three are one statement (``_claim_items_postgres``).
     ``worker``: the row the request authorised (its target and device key are all we need)."""
     def attempt(session: Session) -> list[ClaimItem]:
+        if _postgres(session):
+            served, params = _served(worker), _lease_params(worker, max_items)
+            rows = session.execute(_claim_items_postgres(served, lease_s, True), params).all()
+            if not rows:
+                # Every queued row may be locked by claims still committing, which SKIP LOCKED
+                # passed over: wait for those (short, single-statement transactions, rows
+                # locked in id order) and take what they left, instead of answering a worker
+                # "nothing" while work is queued. An empty queue costs this second statement.
+                rows = session.execute(_claim_items_postgres(served, lease_s, False),
+                                       params).all()
+            return _items(session, rows, default_options)
         touch_worker(session, worker.id)
         ids = claim(session, worker, max_items, lease_s)
         return claimed_items(session, ids, default_options) if ids else []
