@@ -14,11 +14,14 @@ import onnx.numpy_helper as nh
 INPUT_SHAPE = (1, 3, 8, 8)
 
 
-def float_model(seed: int = 0, residual: bool = False) -> onnx.ModelProto:
+def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = False
+                ) -> onnx.ModelProto:
     """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor.
     ``residual`` puts a ResNet block with a projection shortcut after the first Relu:
     Add(Conv 3x3, Conv 1x1) -> Relu, both convolutions reading the same activation (a quantized
-    addition of two activations of one shape)."""
+    addition of two activations of one shape). ``computed_flatten`` flattens with a Reshape
+    whose target an exporter computes at run time (``Shape -> Gather -> Mul -> Div -> Concat``:
+    onnx's inference gives up at the Div, as in a torchscript BERT)."""
     rng = np.random.default_rng(seed)
 
     def weight(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
@@ -27,6 +30,9 @@ def float_model(seed: int = 0, residual: bool = False) -> onnx.ModelProto:
     inits = [weight("w1", (16, 3, 3, 3), 0.2), weight("b1", (16,), 0.1),
              weight("w2", (16 * 4 * 4, 32), 0.05), weight("b2", (32,), 0.1),
              weight("w3", (10, 32), 0.2), weight("b3", (10,), 0.1)]
+    if computed_flatten:
+        inits += [nh.from_array(np.array(v, np.int64), n) for n, v in
+                  (("zero", 0), ("two", 2), ("axes", [0]), ("rest", [-1]))]
     if residual:
         inits += [weight("w4", (16, 16, 3, 3), 0.1), weight("w5", (16, 16, 1, 1), 0.3)]
     nodes = [
@@ -37,7 +43,14 @@ def float_model(seed: int = 0, residual: bool = False) -> onnx.ModelProto:
            oh.make_node("Conv", ["r1", "w5"], ["c3"], "shortcut"),
            oh.make_node("Add", ["c2", "c3"], ["s2"], "residual"),
            oh.make_node("Relu", ["s2"], ["r2"], "relu2")] if residual else []),
-        oh.make_node("Flatten", ["r2" if residual else "r1"], ["f"], "flat"),
+        *([oh.make_node("Shape", ["r1"], ["shape"], "shape"),
+           oh.make_node("Gather", ["shape", "zero"], ["batch"], "batch", axis=0),
+           oh.make_node("Mul", ["batch", "two"], ["twice"], "twice"),
+           oh.make_node("Div", ["twice", "two"], ["again"], "again"),
+           oh.make_node("Unsqueeze", ["again", "axes"], ["lead"], "lead"),
+           oh.make_node("Concat", ["lead", "rest"], ["target"], "target", axis=0),
+           oh.make_node("Reshape", ["r1", "target"], ["f"], "flat")] if computed_flatten
+          else [oh.make_node("Flatten", ["r2" if residual else "r1"], ["f"], "flat")]),
         oh.make_node("MatMul", ["f", "w2"], ["m"], "mm"),
         oh.make_node("Add", ["m", "b2"], ["a"], "add"),
         oh.make_node("Gemm", ["a", "w3", "b3"], ["y"], "fc", transB=1),
@@ -66,8 +79,8 @@ class _Reader:
         self._feeds = iter([feeds(s) for s in range(8)])
 
 
-def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = False
-              ) -> Path:
+def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = False,
+              computed_flatten: bool = False) -> Path:
     """``form`` in qdq | qoperator | dynamic; the path of the quantized model.
 
     ``reduce_range`` quantizes weights to 7 bits: onnxruntime's AVX2 u8 x s8 kernel adds pairs
@@ -82,9 +95,9 @@ def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = 
         quantize_static,
     )
 
-    stem = f"{form}-residual" if residual else form
+    stem = form + ("-residual" if residual else "") + ("-computed" if computed_flatten else "")
     source, target = tmp / f"float-{stem}.onnx", tmp / f"{stem}.onnx"
-    onnx.save(float_model(residual=residual), source)
+    onnx.save(float_model(residual=residual, computed_flatten=computed_flatten), source)
     if form == "dynamic":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8,
                          reduce_range=reduce_range)

@@ -61,6 +61,19 @@ def test_a_residual_input_read_as_8_bits_leaves_no_dead_dequantize(tmp_path: Pat
     assert all(out in read for node in proto.graph.node for out in node.output)
 
 
+def test_layers_after_a_computed_reshape_are_rewritten_with_static_shapes(
+        tmp_path: Path) -> None:
+    """A Reshape whose target is computed at run time (onnx's inference gives up at a Div)
+    is folded before the rewrite, so the MatMul after it becomes an int8 layer of a static
+    shape instead of a numpy fp32 MatMul on dequantized weights."""
+    proto = load_model(quantized(tmp_path, "qdq", computed_flatten=True))
+    ops = [(n.domain, n.op_type) for n in proto.graph.node]
+    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3 and ("", "MatMul") not in ops
+    keys = [task.workload.key for task in
+            extract_tasks(quantized(tmp_path, "qdq", computed_flatten=True)).tasks]
+    assert "dense_int8:M=1,N=32,K=256" in keys
+
+
 def _initializer(proto: onnx.ModelProto, suffix: str) -> onnx.TensorProto:
     return next(t for t in proto.graph.initializer if t.name.endswith(suffix))
 

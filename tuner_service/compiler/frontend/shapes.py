@@ -274,8 +274,14 @@ class _Folder:
                 self.refined += 1
 
 
+#: never folded: a quantized model's (de)quantization of constants is what its int8 layers
+#: are recognised by (``frontend.quantized``), and the runner folds what is left at load
+_KEEP = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
 def _foldable(node: onnx.NodeProto, graph_outputs: set[str]) -> bool:
     return (node.domain in ("", "ai.onnx") and node.op_type not in NONDETERMINISTIC
+            and node.op_type not in _KEEP
             and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for a in node.attribute)
             and not any(name in graph_outputs for name in node.output))
