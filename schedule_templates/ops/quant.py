@@ -62,9 +62,20 @@ class QuantizedAdd(GeneratedOp):
     y_scale: float
     y_zero_point: int
     relu: bool = False
+    #: an operand of ``period`` elements repeated along the output (a bias vector added to
+    #: every row): 0 none, else which one ("a" or "b")
+    broadcast: str = ""
+    period: int = 0
 
     def __post_init__(self) -> None:
         _check_size(self.kind, self.size)
+        if self.broadcast not in ("", "a", "b"):
+            raise GeneratedOpError(f"int8_add: broadcast must be '', 'a' or 'b', got "
+                                   f"{self.broadcast!r}")
+        if self.broadcast and not (isinstance(self.period, int) and self.period > 0
+                                   and self.size % self.period == 0):
+            raise GeneratedOpError(f"int8_add: a broadcast operand's period {self.period!r} "
+                                   f"must divide the size {self.size}")
         for side in ("a", "b", "out"):
             _check_dtype(self.kind, side, getattr(self, f"{side}_dtype"))
         for side, dtype in (("a", self.a_dtype), ("b", self.b_dtype), ("y", self.out_dtype)):
@@ -72,7 +83,8 @@ class QuantizedAdd(GeneratedOp):
                                 getattr(self, f"{side}_zero_point"), dtype)
 
     def input_shapes(self) -> dict[str, Shape]:
-        return {"a": (self.size,), "b": (self.size,)}
+        return {side: (self.period if self.broadcast == side else self.size,)
+                for side in ("a", "b")}
 
     def input_dtypes(self) -> dict[str, str]:
         return {"a": self.a_dtype, "b": self.b_dtype}
@@ -81,27 +93,44 @@ class QuantizedAdd(GeneratedOp):
         return (self.size,)
 
     def lower(self) -> Kernel:
-        a = Buffer("a", (self.size,), dtype=self.a_dtype)
-        b = Buffer("b", (self.size,), dtype=self.b_dtype)
+        shapes = self.input_shapes()
+        a = Buffer("a", shapes["a"], dtype=self.a_dtype)
+        b = Buffer("b", shapes["b"], dtype=self.b_dtype)
         out = Buffer("out", (self.size,), dtype=self.out_dtype)
 
-        def element(index: Expr) -> Expr:
+        def element(index: Expr, within: Expr) -> Expr:
+            """Output ``index``; ``within`` its position in the broadcast operand's period."""
+            ia = within if self.broadcast == "a" else index
+            ib = within if self.broadcast == "b" else index
             # x - (-y), not x + y: the code generator contracts ``p * q + r`` into an FMA,
             # which rounds once where numpy rounds twice (seen: 79.49999 became 79.5 and
             # rounded to the next output step). Negating a product is exact.
-            value = (_dequantized(a[index], self.a_zero_point, self.a_scale)
-                     - (_f32(self.b_zero_point) - cast("float32", b[index]))
+            value = (_dequantized(a[ia], self.a_zero_point, self.a_scale)
+                     - (_f32(self.b_zero_point) - cast("float32", b[ib]))
                      * _f32(self.b_scale))
             if self.relu:
                 value = fmax(value, _f32(0.0))
             return _quantized(value, self.y_scale, self.y_zero_point, self.out_dtype)
 
-        return _flat_kernel(self, (a, b), out, element)
+        if not self.broadcast or self.period == 1:  # the same size, or a scalar
+            return _flat_kernel(self, (a, b), out, lambda i: element(
+                i, Const(0) if self.broadcast else i))
+        rows = self.size // self.period
+        kind = LoopKind.PARALLEL if want_parallel(self.size, rows) else LoopKind.SERIAL
+        row, mk = loop("row", rows, kind)
+
+        def lanes(j: Expr, _lane: Expr) -> list[Stmt]:
+            index = row * self.period + j
+            return [store(out[index], element(index, j))]
+
+        body = mk(vector_split(self.period, 0, lanes))
+        return Kernel(kernel_name(self.kind, self.key), (a, b, out), (), (body,))
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         a = _numpy_dequantized(inputs["a"], self.a_zero_point, self.a_scale)
         b = _numpy_dequantized(inputs["b"], self.b_zero_point, self.b_scale)
-        value = a + b
+        rows = (-1, self.period if self.broadcast else self.size)
+        value = (a.reshape(rows) + b.reshape(rows)).reshape(-1)
         if self.relu:
             np.maximum(value, np.float32(0), out=value)
         return _numpy_quantized(value, self.y_scale, self.y_zero_point, self.out_dtype)

@@ -117,16 +117,17 @@ def test_residual_addition_runs_on_its_generated_kernel_with_numpy_s_bytes(
         tmp_path: Path) -> None:
     """A quantized residual addition of two activations runs on its generated kernel (one
     per distinct operator), gives the numpy step's bytes exactly, and the model still matches
-    onnxruntime's unfused evaluation within an output step. (The bias addition after the
-    MatMul broadcasts: it stays a numpy step.)"""
+    onnxruntime's unfused evaluation within an output step. The bias addition after the
+    MatMul (a vector added to every row) runs on a broadcasting one."""
     model = quantized(tmp_path, "qdq", residual=True)
     runner = _runner(model, tmp_path / "lib")
     glue = [s.node.op_type for s in runner.steps if isinstance(s, QuantGlueStep)]
     # the input's QuantizeLinear and the output's DequantizeLinear run on kernels too
-    assert glue == ["QuantizeLinear", "Int8Add", "DequantizeLinear"]
+    assert glue == ["QuantizeLinear", "Int8Add", "Int8Add", "DequantizeLinear"]
     adds = [s for s in runner.steps if isinstance(s, QuantGlueStep)
             and s.node.op_type == "Int8Add"]
-    assert adds[0].op.size == 16 * 4 * 4
+    assert [(a.op.size, a.op.broadcast, a.op.period) for a in adds] == [
+        (16 * 4 * 4, "", 0), (32, adds[1].op.broadcast, 32)]
     numpy_add = DOMAIN_OPS[(INT8_DOMAIN, "Int8Add")]
     for seed in (1, 2, 3):
         env = {**runner.constants, **feeds(seed)}
@@ -177,3 +178,15 @@ def test_cli_build_and_checked_run_of_a_quantized_model(
     report = json.loads(capsys.readouterr().out)
     assert report["int8_layers"] >= 2
     assert report["check"]["max_rel_error"] < 1e-5
+
+
+def test_numpy_quantize_of_a_scalar_constant() -> None:
+    """A Constant's QuantizeLinear is folded at load by the numpy step: a 0-d value works
+    (BERT's GELU adds a quantized 1.0)."""
+    from tuner_service.compiler.deploy.ops_quant import quantize
+
+    one = quantize(np.float32(1.0), np.array(0.0039, np.float32), np.array(0, np.uint8))
+    assert one.dtype == np.uint8 and one.shape == () and int(one) == 255
+    np.testing.assert_array_equal(
+        quantize(np.array([1.0, 2.6], np.float32), np.array(0.5, np.float32),
+                 np.array(3, np.uint8)), [5, 8])

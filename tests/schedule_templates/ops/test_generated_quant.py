@@ -81,3 +81,24 @@ def test_quantize_and_dequantize_equal_numpy(size, dtype, zero_point):
     finally:
         for c in compiled:
             c.close()
+
+
+@pytest.mark.parametrize("side", ["a", "b"])
+@pytest.mark.parametrize("size,period", [(128 * 768, 768), (6 * 37, 37), (64, 1)])
+def test_quantized_add_broadcasts_a_vector_along_the_rows(side, size, period):
+    """A bias vector added to every row (BERT's dense layers leave one per layer in QDQ)."""
+    op = QuantizedAdd(size, "uint8", 0.0013, 113, "uint8", 0.0187, 122, "uint8", 0.019, 122,
+                      False, side, period)
+    rng = np.random.default_rng(period)
+    inputs = {name: _operand(rng, "uint8", shape[0]) for name, shape in op.input_shapes().items()}
+    assert inputs[side].size == period
+    want = op.reference(inputs)
+    compiled = compile_op(op)
+    try:
+        for threads in (1, 2):
+            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
+    finally:
+        compiled.close()
+    with pytest.raises(GeneratedOpError, match="period"):
+        QuantizedAdd(size + 1, "uint8", 0.1, 0, "uint8", 0.1, 0, "uint8", 0.1, 0, False, side,
+                     period if period > 1 else 2)

@@ -50,15 +50,19 @@ def glue_ops(proto: onnx.ModelProto) -> Iterator[tuple[GeneratedOp, list[str]]]:
     """Each distinct glue operator of a loaded model, with the names of the nodes it serves."""
     tensors = _static_tensors(proto.graph)
     constants = {t.name: t for t in proto.graph.initializer}
+    computed = {out for node in proto.graph.node if node.op_type == "Constant"
+                for out in node.output}
     found: dict[str, tuple[GeneratedOp, list[str]]] = {}
     for index, node in enumerate(proto.graph.node):
+        if node.op_type in GLUE_OPS and node.input[0] in computed:
+            continue  # a Constant's conversion: the runner folds it at load
         op = glue_op(node, tensors, constants) if is_glue(node) else None
         if op is not None:
             found.setdefault(op.key, (op, []))[1].append(node_name(node, index))
     yield from found.values()
 
 
-def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, int]],
+def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ...]]],
             constants: Mapping[str, onnx.TensorProto]) -> GeneratedOp | None:
     """The generated operator for one glue node, or None where it stays a numpy step."""
     if node.domain == INT8_DOMAIN:
@@ -72,7 +76,8 @@ def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, int]],
             else np.zeros((), np.uint8))
     if scale is None or zero is None or attrs.get("block_size", 0):
         return None
-    dtype, size = tensors[source]
+    dtype, shape = tensors[source]
+    size = int(np.prod(shape, dtype=np.int64))
     if scale.dtype != np.float32 or not float(scale) > 0:
         return None
     if node.op_type == "QuantizeLinear":
@@ -85,29 +90,51 @@ def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, int]],
     return Dequantize(size, dtype, float(scale), int(zero))
 
 
-def _quantized_add(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, int]]
+def _quantized_add(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ...]]]
                    ) -> QuantizedAdd | None:
+    """Operands of one shape, or one of them a vector repeated along the other's rows (a
+    bias: its shape, leading ones aside, is the other's trailing dimensions)."""
     a, b = tensors.get(node.input[0]), tensors.get(node.input[1])
-    if a is None or b is None or a[1] != b[1] or "float32" in (a[0], b[0]):
-        return None  # a broadcasting addition stays numpy
+    if a is None or b is None or "float32" in (a[0], b[0]):
+        return None
+    broadcast, period = "", 0
+    if a[1] != b[1]:
+        small, big = (a, b) if len(_strip(a[1])) <= len(_strip(b[1])) else (b, a)
+        trailing = _strip(small[1])
+        if trailing and tuple(big[1][len(big[1]) - len(trailing):]) != trailing:
+            return None  # any other broadcast stays numpy
+        broadcast = "a" if small is a else "b"
+        period = int(np.prod(trailing, dtype=np.int64))  # 1: a scalar
+    size = int(np.prod(b[1] if broadcast == "a" else a[1], dtype=np.int64))
     attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
     out = attrs.get("out", b"u8")
     return QuantizedAdd(
-        a[1], a[0], float(attrs["a_scale"]), int(attrs["a_zero_point"]),
+        size, a[0], float(attrs["a_scale"]), int(attrs["a_zero_point"]),
         b[0], float(attrs["b_scale"]), int(attrs["b_zero_point"]),
         "uint8" if out in (b"u8", "u8") else "int8", float(attrs["y_scale"]),
-        int(attrs["y_zero_point"]), bool(attrs.get("relu", 0)))
+        int(attrs["y_zero_point"]), bool(attrs.get("relu", 0)), broadcast, period)
 
 
-def _static_tensors(graph: onnx.GraphProto) -> dict[str, tuple[str, int]]:
-    """tensor -> (IR element type, elements) for every uint8/int8/fp32 tensor of static
-    shape that shape inference typed."""
+def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape without its leading ones."""
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)
+
+
+def _static_tensors(graph: onnx.GraphProto) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """tensor -> (IR element type, shape) for every uint8/int8/fp32 tensor of static shape
+    that shape inference typed, and every such initializer."""
     found = {}
     for value in [*graph.value_info, *graph.input, *graph.output]:
         tensor = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim]
+        dims = tuple(d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim)
         if tensor.elem_type in _TYPES and tensor.HasField("shape") and all(dims):
-            found[value.name] = (_TYPES[tensor.elem_type], int(np.prod(dims, dtype=np.int64)))
+            found[value.name] = (_TYPES[tensor.elem_type], dims)
+    for init in graph.initializer:
+        if init.data_type in _TYPES:
+            found.setdefault(init.name, (_TYPES[init.data_type], tuple(init.dims)))
     return found
 
 
@@ -120,8 +147,9 @@ def _scalar(constants: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray 
 
 
 class QuantGlueStep:
-    """A glue node run by its generated kernel: its 8-bit or fp32 inputs read by pointer, the
-    result in an output buffer of its own."""
+    """A glue node run by its generated kernel: its 8-bit or fp32 inputs read by pointer (a
+    constant one, such as a bias, converted once), the result in an output buffer of its
+    own, shaped as its largest input."""
 
     def __init__(self, kernel: LoadedGenerated, node: onnx.NodeProto, info: NodeInfo,
                  threads: int) -> None:
@@ -135,6 +163,7 @@ class QuantGlueStep:
         self.inputs = list(node.input[:len(dtypes)])
         self.outputs = [node.output[0]]
         self._dtypes = [NUMPY_DTYPES[d] for d in dtypes.values()]
+        self._sizes = [shape[0] for shape in op.input_shapes().values()]
         out = "float32" if isinstance(op, Dequantize) else op.out_dtype
         self._out = aligned_empty(op.size, zero=True, dtype=NUMPY_DTYPES[out])
         self._threads = ctypes.c_int64(max(1, threads))
@@ -142,10 +171,10 @@ class QuantGlueStep:
     def __call__(self, env: dict[str, np.ndarray]) -> None:
         arrays = [np.ascontiguousarray(env[name], dtype=dtype)
                   for name, dtype in zip(self.inputs, self._dtypes, strict=True)]
-        if any(a.size != self.op.size for a in arrays):
+        if [a.size for a in arrays] != self._sizes:
             raise LibraryError(f"{self.node.op_type} {self.layer}: inputs of "
                                f"{[a.size for a in arrays]} elements, the kernel was built for "
-                               f"{self.op.size}")
+                               f"{self._sizes}")
         self.kernel.function(*(a.ctypes.data for a in arrays), self._out.ctypes.data,
                              self._threads)
-        env[self.outputs[0]] = self._out.reshape(arrays[0].shape)
+        env[self.outputs[0]] = self._out.reshape(max(arrays, key=lambda a: a.size).shape)

@@ -53,7 +53,9 @@ def quantize(x: Array, scale: Array, zero_point: Array, axis: int = 1) -> Array:
     ndim = np.asarray(x).ndim
     zp = _per_axis(zero_point, ndim, axis)
     lo, hi = _RANGES[zp.dtype]
-    value = np.asarray(x, np.float32) / _per_axis(scale, ndim, axis).astype(np.float32)
+    # an array even for a 0-d x (a Constant's conversion, folded at load): rint writes into it
+    value = np.array(np.asarray(x, np.float32) / _per_axis(scale, ndim, axis).astype(np.float32),
+                     dtype=np.float32, ndmin=0)
     if zp.dtype.itemsize <= 2:  # fp32 holds every sum below 2**24 exactly: stay in fp32
         value = np.rint(value, out=value)
         value += zp.astype(np.float32)
