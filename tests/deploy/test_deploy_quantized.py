@@ -190,3 +190,28 @@ def test_numpy_quantize_of_a_scalar_constant() -> None:
     np.testing.assert_array_equal(
         quantize(np.array([1.0, 2.6], np.float32), np.array(0.5, np.float32),
                  np.array(3, np.uint8)), [5, 8])
+
+
+def test_conversions_of_constants_are_folded_not_run(tmp_path: Path) -> None:
+    """A QuantizeLinear of a Constant is folded at load, and so is the DequantizeLinear after
+    it, although the build compiled a glue kernel for that one (its input was not constant
+    there): nothing computable at load runs per call."""
+    proto = onnx.load(quantized(tmp_path, "qdq"))
+    graph = proto.graph
+    x_q = next(n for n in graph.node if n.op_type == "QuantizeLinear")
+    scale, zero = x_q.input[1], x_q.input[2]
+    graph.node.insert(0, onnx.helper.make_node(
+        "Constant", [], ["one"], "one", value=onnx.numpy_helper.from_array(
+            np.ones((1, 3, 8, 8), np.float32))))
+    graph.node.insert(1, onnx.helper.make_node("QuantizeLinear", ["one", scale, zero],
+                                               ["one_q"], "one_q"))
+    graph.node.insert(2, onnx.helper.make_node("DequantizeLinear", ["one_q", scale, zero],
+                                               ["one_f"], "one_f"))
+    graph.node.insert(3, onnx.helper.make_node("Add", ["x", "one_f"], ["x1"], "shift"))
+    for node in graph.node[4:]:
+        node.input[:] = ["x1" if name == "x" else name for name in node.input]
+    path = tmp_path / "shifted.onnx"
+    onnx.save(proto, path)
+    runner = _runner(path, tmp_path / "lib")
+    ran = {getattr(s, "layer", None) or getattr(s.info, "name", "") for s in runner.steps}
+    assert not {"one_q", "one_f"} & ran and "shift" in ran

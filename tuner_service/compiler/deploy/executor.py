@@ -181,7 +181,8 @@ class ModelRunner:
 
     def _add_node(self, node: onnx.NodeProto, name: str) -> None:
         info = NodeInfo.from_proto(node, name, self._opset)
-        if node.domain == INT8_DOMAIN or is_glue(node):  # its int8 kernel when built
+        constant = all(not n or n in self.constants for n in node.input)
+        if (node.domain == INT8_DOMAIN or is_glue(node)) and not constant:  # its int8 kernel
             kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
             if isinstance(kernel, LoadedGenerated):
                 glue = QuantGlueStep(kernel, node, info, self.threads)
