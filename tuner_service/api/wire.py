@@ -78,8 +78,8 @@ def validate(model: type[M], body: Any) -> M:
     if body is NO_BODY:
         raise RequestValidationError([{"type": "missing", "loc": ("body",),
                                        "msg": "Field required", "input": None}])
-    try:
-        return model.model_validate(body, from_attributes=True)
+    try:  # a fresh context: the body's tree is checked once (``schemas.Body``)
+        return model.model_validate(body, from_attributes=True, context={})
     except ValidationError as e:
         raise RequestValidationError(
             [{**error, "loc": ("body", *error["loc"])} for error in e.errors()]) from e
