@@ -9,7 +9,8 @@ throughput. More accumulators than registers spill: a fixed 24 on a Zen 3 (AVX2)
 The same loop on a dot-product instruction (``vpdpbusd``, ``dpbf16ps``) gives the peak of the
 low-precision kernels, which is not always a multiple of the fp32 one: on an Intel Xeon
 (family 6 model 207) ``vdpbf16ps`` on zmm measured 86 GFLOPS per core against 175 for fp32
-FMAs (it issues half as often), so bf16 there saves bytes, not arithmetic.
+FMAs (64 flops per instruction against 32, issued a quarter as often), so bf16 there saves
+bytes, not arithmetic.
 """
 
 from __future__ import annotations
