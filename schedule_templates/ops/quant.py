@@ -1,13 +1,14 @@
-"""The elementwise glue of int8 models: ``QuantizedAdd`` for residual additions, ``Quantize``
+"""The elementwise glue of int8 models: ``QuantizedBinary`` for additions and products of two
+8-bit tensors (a ResNet block's shortcut, a bias, BERT's GELU), ``Quantize``
 and ``Dequantize`` for a lone ``QuantizeLinear`` / ``DequantizeLinear`` with a per-tensor scale
 (the conversions between int8 layers and the fp32 operators a quantized model keeps: attention,
 softmax, layer norm, pooling).
 
-The model compiler rewrites ``DequantizeLinear(a) + DequantizeLinear(b) [-> Relu] ->
+The model compiler rewrites ``DequantizeLinear(a) +|* DequantizeLinear(b) [-> Relu] ->
 QuantizeLinear`` into one node (``frontend/quantized_glue.py``); this is its kernel. It does
 the same fp32 operations in the same order as onnx's unfused evaluation, so its bytes equal
 ``reference`` (and numpy's) exactly: each operand ``(float(x) - zero_point) * scale``, their
-sum (kept apart from the products: see ``lower``), ``max(sum, 0)`` for the fused Relu, then
+sum (kept apart from the products: see ``lower``) or product, ``max(v, 0)`` for the Relu, then
 ``sum / y_scale`` clamped to the output type's range less the zero point, rounded half to
 even, plus the zero point.
 
@@ -49,8 +50,8 @@ RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
 
 @register_op
 @dataclasses.dataclass(frozen=True)
-class QuantizedAdd(GeneratedOp):
-    kind = "int8_add"
+class QuantizedBinary(GeneratedOp):
+    kind = "int8_binary"
     size: int
     a_dtype: str
     a_scale: float
@@ -66,15 +67,20 @@ class QuantizedAdd(GeneratedOp):
     #: every row): 0 none, else which one ("a" or "b")
     broadcast: str = ""
     period: int = 0
+    #: "add" or "mul"
+    operation: str = "add"
 
     def __post_init__(self) -> None:
         _check_size(self.kind, self.size)
+        if self.operation not in ("add", "mul"):
+            raise GeneratedOpError(f"int8_binary: operation must be add or mul, got "
+                                   f"{self.operation!r}")
         if self.broadcast not in ("", "a", "b"):
-            raise GeneratedOpError(f"int8_add: broadcast must be '', 'a' or 'b', got "
+            raise GeneratedOpError(f"int8_binary: broadcast must be '', 'a' or 'b', got "
                                    f"{self.broadcast!r}")
         if self.broadcast and not (isinstance(self.period, int) and self.period > 0
                                    and self.size % self.period == 0):
-            raise GeneratedOpError(f"int8_add: a broadcast operand's period {self.period!r} "
+            raise GeneratedOpError(f"int8_binary: a broadcast operand's period {self.period!r} "
                                    f"must divide the size {self.size}")
         for side in ("a", "b", "out"):
             _check_dtype(self.kind, side, getattr(self, f"{side}_dtype"))
@@ -102,12 +108,15 @@ class QuantizedAdd(GeneratedOp):
             """Output ``index``; ``within`` its position in the broadcast operand's period."""
             ia = within if self.broadcast == "a" else index
             ib = within if self.broadcast == "b" else index
-            # x - (-y), not x + y: the code generator contracts ``p * q + r`` into an FMA,
-            # which rounds once where numpy rounds twice (seen: 79.49999 became 79.5 and
-            # rounded to the next output step). Negating a product is exact.
-            value = (_dequantized(a[ia], self.a_zero_point, self.a_scale)
-                     - (_f32(self.b_zero_point) - cast("float32", b[ib]))
-                     * _f32(self.b_scale))
+            x = _dequantized(a[ia], self.a_zero_point, self.a_scale)
+            if self.operation == "mul":
+                value = x * _dequantized(b[ib], self.b_zero_point, self.b_scale)
+            else:
+                # x - (-y), not x + y: the code generator contracts ``p * q + r`` into an FMA,
+                # which rounds once where numpy rounds twice (seen: 79.49999 became 79.5 and
+                # rounded to the next output step). Negating a product is exact.
+                value = x - (_f32(self.b_zero_point) - cast("float32", b[ib])) * _f32(
+                    self.b_scale)
             if self.relu:
                 value = fmax(value, _f32(0.0))
             return _quantized(value, self.y_scale, self.y_zero_point, self.out_dtype)
@@ -130,7 +139,8 @@ class QuantizedAdd(GeneratedOp):
         a = _numpy_dequantized(inputs["a"], self.a_zero_point, self.a_scale)
         b = _numpy_dequantized(inputs["b"], self.b_zero_point, self.b_scale)
         rows = (-1, self.period if self.broadcast else self.size)
-        value = (a.reshape(rows) + b.reshape(rows)).reshape(-1)
+        combine = np.multiply if self.operation == "mul" else np.add
+        value = combine(a.reshape(rows), b.reshape(rows)).reshape(-1)
         if self.relu:
             np.maximum(value, np.float32(0), out=value)
         return _numpy_quantized(value, self.y_scale, self.y_zero_point, self.out_dtype)

@@ -113,29 +113,33 @@ def test_int8_tensors_match_onnxruntime_exactly(tmp_path: Path, form: str) -> No
         np.testing.assert_array_equal(env[name], want[name], err_msg=name)
 
 
+@pytest.mark.parametrize("product", [False, True])
 def test_residual_addition_runs_on_its_generated_kernel_with_numpy_s_bytes(
-        tmp_path: Path) -> None:
+        tmp_path: Path, product: bool) -> None:
     """A quantized residual addition of two activations runs on its generated kernel (one
     per distinct operator), gives the numpy step's bytes exactly, and the model still matches
     onnxruntime's unfused evaluation within an output step. The bias addition after the
-    MatMul (a vector added to every row) runs on a broadcasting one."""
-    model = quantized(tmp_path, "qdq", residual=True)
+    MatMul (a vector added to every row) runs on a broadcasting one. The same for a product
+    of the two branches (``Int8Mul``)."""
+    model = quantized(tmp_path, "qdq", residual=True, product=product)
+    binary = "Int8Mul" if product else "Int8Add"
     runner = _runner(model, tmp_path / "lib")
     glue = [s.node.op_type for s in runner.steps if isinstance(s, QuantGlueStep)]
     # the input's QuantizeLinear and the output's DequantizeLinear run on kernels too
-    assert glue == ["QuantizeLinear", "Int8Add", "Int8Add", "DequantizeLinear"]
+    assert glue == ["QuantizeLinear", binary, "Int8Add", "DequantizeLinear"]
     adds = [s for s in runner.steps if isinstance(s, QuantGlueStep)
-            and s.node.op_type == "Int8Add"]
-    assert [(a.op.size, a.op.broadcast, a.op.period) for a in adds] == [
-        (16 * 4 * 4, "", 0), (32, adds[1].op.broadcast, 32)]
-    numpy_add = DOMAIN_OPS[(INT8_DOMAIN, "Int8Add")]
+            and s.node.op_type in ("Int8Add", "Int8Mul")]
+    assert [(a.op.size, a.op.broadcast, a.op.period, a.op.operation) for a in adds] == [
+        (16 * 4 * 4, "", 0, "mul" if product else "add"),
+        (32, adds[1].op.broadcast, 32, "add")]
     for seed in (1, 2, 3):
         env = {**runner.constants, **feeds(seed)}
         for step in runner.steps:
             step(env)
             if step in adds:
                 info = NodeInfo.from_proto(step.node, step.layer, 17)
-                want = numpy_add([env[name] for name in step.inputs], info)[0]
+                numpy_op = DOMAIN_OPS[(INT8_DOMAIN, step.node.op_type)]
+                want = numpy_op([env[name] for name in step.inputs], info)[0]
                 np.testing.assert_array_equal(env[step.outputs[0]], want)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -14,14 +14,15 @@ import onnx.numpy_helper as nh
 INPUT_SHAPE = (1, 3, 8, 8)
 
 
-def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = False
-                ) -> onnx.ModelProto:
+def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = False,
+                product: bool = False) -> onnx.ModelProto:
     """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor.
     ``residual`` puts a ResNet block with a projection shortcut after the first Relu:
     Add(Conv 3x3, Conv 1x1) -> Relu, both convolutions reading the same activation (a quantized
     addition of two activations of one shape). ``computed_flatten`` flattens with a Reshape
     whose target an exporter computes at run time (``Shape -> Gather -> Mul -> Div -> Concat``:
-    onnx's inference gives up at the Div, as in a torchscript BERT)."""
+    onnx's inference gives up at the Div, as in a torchscript BERT). ``product`` multiplies the
+    residual block's two branches instead of adding them (a gate, as in BERT's GELU)."""
     rng = np.random.default_rng(seed)
 
     def weight(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
@@ -41,7 +42,7 @@ def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = 
         oh.make_node("Relu", ["c1"], ["r1"], "relu1"),
         *([oh.make_node("Conv", ["r1", "w4"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
            oh.make_node("Conv", ["r1", "w5"], ["c3"], "shortcut"),
-           oh.make_node("Add", ["c2", "c3"], ["s2"], "residual"),
+           oh.make_node("Mul" if product else "Add", ["c2", "c3"], ["s2"], "residual"),
            oh.make_node("Relu", ["s2"], ["r2"], "relu2")] if residual else []),
         *([oh.make_node("Shape", ["r1"], ["shape"], "shape"),
            oh.make_node("Gather", ["shape", "zero"], ["batch"], "batch", axis=0),
@@ -80,7 +81,7 @@ class _Reader:
 
 
 def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = False,
-              computed_flatten: bool = False) -> Path:
+              computed_flatten: bool = False, product: bool = False) -> Path:
     """``form`` in qdq | qoperator | dynamic; the path of the quantized model.
 
     ``reduce_range`` quantizes weights to 7 bits: onnxruntime's AVX2 u8 x s8 kernel adds pairs
@@ -95,9 +96,11 @@ def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = 
         quantize_static,
     )
 
-    stem = form + ("-residual" if residual else "") + ("-computed" if computed_flatten else "")
+    stem = (form + ("-residual" if residual else "") + ("-computed" if computed_flatten else "")
+            + ("-product" if product else ""))
     source, target = tmp / f"float-{stem}.onnx", tmp / f"{stem}.onnx"
-    onnx.save(float_model(residual=residual, computed_flatten=computed_flatten), source)
+    onnx.save(float_model(residual=residual, computed_flatten=computed_flatten,
+                          product=product), source)
     if form == "dynamic":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8,
                          reduce_range=reduce_range)

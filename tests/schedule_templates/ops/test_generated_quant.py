@@ -1,5 +1,6 @@
-"""QuantizedAdd against numpy: the same bytes exactly, on odd sizes, every 8-bit type mix, with
-and without the fused Relu, on 1 and 2 threads."""
+"""QuantizedBinary (add, mul), Quantize and Dequantize against numpy: the same bytes
+exactly, on odd sizes, every 8-bit type mix, with and without the fused Relu, on 1 and 2
+threads."""
 
 import json
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from schedule_templates.ops.base import GeneratedOpError, op_from_json
-from schedule_templates.ops.quant import RANGES, Dequantize, Quantize, QuantizedAdd
+from schedule_templates.ops.quant import RANGES, Dequantize, Quantize, QuantizedBinary
 from schedule_templates.ops.run import compile_op
 
 
@@ -20,10 +21,12 @@ def _operand(rng: np.random.Generator, dtype: str, size: int) -> np.ndarray:
 @pytest.mark.parametrize("a_dtype,b_dtype,out_dtype", [
     ("uint8", "uint8", "uint8"), ("int8", "uint8", "int8"), ("uint8", "int8", "uint8")])
 @pytest.mark.parametrize("relu", [False, True])
-def test_quantized_add_equals_numpy(size, a_dtype, b_dtype, out_dtype, relu):
-    op = QuantizedAdd(size, a_dtype, 0.0371, 7 if a_dtype == "uint8" else -3,
-                      b_dtype, 0.0213, 130 if b_dtype == "uint8" else 5,
-                      out_dtype, 0.05, 12 if out_dtype == "uint8" else -1, relu)
+@pytest.mark.parametrize("operation", ["add", "mul"])
+def test_quantized_binary_equals_numpy(size, a_dtype, b_dtype, out_dtype, relu, operation):
+    op = QuantizedBinary(size, a_dtype, 0.0371, 7 if a_dtype == "uint8" else -3,
+                         b_dtype, 0.0213, 130 if b_dtype == "uint8" else 5,
+                         out_dtype, 0.05, 12 if out_dtype == "uint8" else -1, relu,
+                         operation=operation)
     rng = np.random.default_rng(size)
     inputs = {"a": _operand(rng, a_dtype, size), "b": _operand(rng, b_dtype, size)}
     want = op.reference(inputs)
@@ -39,7 +42,7 @@ def test_quantized_add_equals_numpy(size, a_dtype, b_dtype, out_dtype, relu):
 def test_quantized_add_rounds_like_numpy_not_like_an_fma():
     """175 and 24 at these parameters sum to 3.9749997 in two fp32 roundings (output 91) and
     to 3.975 in one (a fused multiply-add: 79.5, rounded to 80, output 92)."""
-    op = QuantizedAdd(16, "uint8", 0.0371, 7, "uint8", 0.0213, 130, "uint8", 0.05, 12, True)
+    op = QuantizedBinary(16, "uint8", 0.0371, 7, "uint8", 0.0213, 130, "uint8", 0.05, 12, True)
     inputs = {"a": np.full(16, 175, np.uint8), "b": np.full(16, 24, np.uint8)}
     compiled = compile_op(op)
     try:
@@ -49,14 +52,14 @@ def test_quantized_add_rounds_like_numpy_not_like_an_fma():
 
 
 def test_quantized_add_round_trips_through_json_and_refuses_bad_parameters():
-    op = QuantizedAdd(40, "uint8", 0.5, 3, "int8", 0.25, 0, "uint8", 1.0, 0)
+    op = QuantizedBinary(40, "uint8", 0.5, 3, "int8", 0.25, 0, "uint8", 1.0, 0)
     assert op_from_json(json.loads(json.dumps(op.to_json()))) == op
     with pytest.raises(GeneratedOpError, match="zero_point"):
-        QuantizedAdd(40, "uint8", 0.5, 300, "uint8", 0.25, 0, "uint8", 1.0, 0)
+        QuantizedBinary(40, "uint8", 0.5, 300, "uint8", 0.25, 0, "uint8", 1.0, 0)
     with pytest.raises(GeneratedOpError, match="scale"):
-        QuantizedAdd(40, "uint8", 0.0, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
+        QuantizedBinary(40, "uint8", 0.0, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
     with pytest.raises(GeneratedOpError, match="uint8 or int8"):
-        QuantizedAdd(40, "float32", 0.5, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
+        QuantizedBinary(40, "float32", 0.5, 3, "uint8", 0.25, 0, "uint8", 1.0, 0)
 
 
 @pytest.mark.parametrize("size", [1, 31, 4096, 100_003])
@@ -87,7 +90,7 @@ def test_quantize_and_dequantize_equal_numpy(size, dtype, zero_point):
 @pytest.mark.parametrize("size,period", [(128 * 768, 768), (6 * 37, 37), (64, 1)])
 def test_quantized_add_broadcasts_a_vector_along_the_rows(side, size, period):
     """A bias vector added to every row (BERT's dense layers leave one per layer in QDQ)."""
-    op = QuantizedAdd(size, "uint8", 0.0013, 113, "uint8", 0.0187, 122, "uint8", 0.019, 122,
+    op = QuantizedBinary(size, "uint8", 0.0013, 113, "uint8", 0.0187, 122, "uint8", 0.019, 122,
                       False, side, period)
     rng = np.random.default_rng(period)
     inputs = {name: _operand(rng, "uint8", shape[0]) for name, shape in op.input_shapes().items()}
@@ -100,5 +103,5 @@ def test_quantized_add_broadcasts_a_vector_along_the_rows(side, size, period):
     finally:
         compiled.close()
     with pytest.raises(GeneratedOpError, match="period"):
-        QuantizedAdd(size + 1, "uint8", 0.1, 0, "uint8", 0.1, 0, "uint8", 0.1, 0, False, side,
+        QuantizedBinary(size + 1, "uint8", 0.1, 0, "uint8", 0.1, 0, "uint8", 0.1, 0, False, side,
                      period if period > 1 else 2)

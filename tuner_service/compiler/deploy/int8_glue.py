@@ -1,14 +1,15 @@
 """Generated kernels for the glue of quantized models, and the steps that run them.
 
 Between its int8 layers a quantized model keeps elementwise conversions that would otherwise be
-numpy passes over whole activations: the quantized residual additions (``Int8Add``, from
-``frontend.quantized_glue``) and every ``QuantizeLinear`` / ``DequantizeLinear`` left standing
-where fp32 operators remain (attention, softmax, layer norm, pooling, the model's input and
-output). Each one with per-tensor constant parameters and a static size becomes a generated
-operator (``schedule_templates.ops.quant``) that gives numpy's bytes exactly; ``tuner build``
-compiles one kernel per distinct operator into the library (listed under ``int8_kernels`` with
-``generated``), and the runner calls it as a ``QuantGlueStep``. Anything else (per-channel
-parameters, a broadcasting addition, shapes not known at build time) stays a numpy step.
+numpy passes over whole activations: the quantized additions and products (``Int8Add``,
+``Int8Mul``, from ``frontend.quantized_glue``) and every ``QuantizeLinear`` /
+``DequantizeLinear`` left standing where fp32 operators remain (attention, softmax, layer norm,
+pooling, the model's input and output). Each one with per-tensor constant parameters and a
+static size becomes a generated operator (``schedule_templates.ops.quant``) that gives numpy's
+bytes exactly; ``tuner build`` compiles one kernel per distinct operator into the library
+(listed under ``int8_kernels`` with ``generated``), and the runner calls it as a
+``QuantGlueStep``. Anything else (per-channel parameters, a broadcast other than a trailing
+vector or a scalar, shapes not known at build time) stays a numpy step.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import numpy as np
 import onnx
 
 from schedule_templates.ops.base import GeneratedOp
-from schedule_templates.ops.quant import Dequantize, Quantize, QuantizedAdd
+from schedule_templates.ops.quant import Dequantize, Quantize, QuantizedBinary
 from schedule_templates.runtime import NUMPY_DTYPES, aligned_empty
 from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.node import NodeInfo
 from tuner_service.compiler.frontend.fusion import node_name
-from tuner_service.compiler.frontend.quantized_glue import INT8_ADD
+from tuner_service.compiler.frontend.quantized_glue import INT8_ADD, INT8_MUL
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 
 if TYPE_CHECKING:  # loader imports library, which imports int8_step, which imports this
@@ -42,7 +43,7 @@ GLUE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 def is_glue(node: onnx.NodeProto) -> bool:
     """Whether ``node`` may have a glue kernel in the library (the runner looks it up)."""
     if node.domain == INT8_DOMAIN:
-        return node.op_type == INT8_ADD
+        return node.op_type in (INT8_ADD, INT8_MUL)
     return node.domain in ("", "ai.onnx") and node.op_type in GLUE_OPS
 
 
@@ -91,7 +92,7 @@ def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ..
 
 
 def _quantized_add(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ...]]]
-                   ) -> QuantizedAdd | None:
+                   ) -> QuantizedBinary | None:
     """Operands of one shape, or one of them a vector repeated along the other's rows (a
     bias: its shape, leading ones aside, is the other's trailing dimensions)."""
     a, b = tensors.get(node.input[0]), tensors.get(node.input[1])
@@ -108,11 +109,12 @@ def _quantized_add(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[
     size = int(np.prod(b[1] if broadcast == "a" else a[1], dtype=np.int64))
     attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
     out = attrs.get("out", b"u8")
-    return QuantizedAdd(
+    return QuantizedBinary(
         size, a[0], float(attrs["a_scale"]), int(attrs["a_zero_point"]),
         b[0], float(attrs["b_scale"]), int(attrs["b_zero_point"]),
         "uint8" if out in (b"u8", "u8") else "int8", float(attrs["y_scale"]),
-        int(attrs["y_zero_point"]), bool(attrs.get("relu", 0)), broadcast, period)
+        int(attrs["y_zero_point"]), bool(attrs.get("relu", 0)), broadcast, period,
+        "mul" if node.op_type == INT8_MUL else "add")
 
 
 def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -154,7 +156,7 @@ class QuantGlueStep:
     def __init__(self, kernel: LoadedGenerated, node: onnx.NodeProto, info: NodeInfo,
                  threads: int) -> None:
         op = kernel.op
-        if not isinstance(op, QuantizedAdd | Quantize | Dequantize):
+        if not isinstance(op, QuantizedBinary | Quantize | Dequantize):
             raise LibraryError(f"{node.op_type} {info.name}: its kernel is a {op.kind}, not "
                                "a quantization glue operator")
         self.kernel, self.node, self.info, self.op = kernel, node, info, op

@@ -13,7 +13,7 @@ does, so outputs match it exactly except where it rounds a tie differently (one 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -242,18 +242,25 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     return [result.reshape(tuple(node.get("shape")))]
 
 
-def _int8_add(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
-    """``tuner.int8`` Int8Add: the unfused DequantizeLinear x2 -> Add [-> Relu] ->
-    QuantizeLinear, in one pass (same fp32 operations, same order)."""
-    a = dequantize(required(inputs, 0, node), np.array(node.get("a_scale"), np.float32),
-                   np.array(node.get("a_zero_point"), np.int32))
-    b = dequantize(required(inputs, 1, node), np.array(node.get("b_scale"), np.float32),
-                   np.array(node.get("b_zero_point"), np.int32))
-    value = a + b
-    if node.get("relu", 0):
-        np.maximum(value, np.float32(0), out=value)
-    zp = np.array(node.get("y_zero_point"), np.uint8 if node.get("out") == "u8" else np.int8)
-    return [quantize(value, np.array(node.get("y_scale"), np.float32), zp)]
+def _int8_binary(combine: Callable[[Array, Array], Array]) -> OpFn:
+    def run(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
+        """``tuner.int8`` Int8Add / Int8Mul: the unfused DequantizeLinear x2 -> Add|Mul
+        [-> Relu] -> QuantizeLinear, in one pass (same fp32 operations, same order)."""
+        a = dequantize(required(inputs, 0, node), np.array(node.get("a_scale"), np.float32),
+                       np.array(node.get("a_zero_point"), np.int32))
+        b = dequantize(required(inputs, 1, node), np.array(node.get("b_scale"), np.float32),
+                       np.array(node.get("b_zero_point"), np.int32))
+        value = np.asarray(combine(a, b), np.float32)
+        if node.get("relu", 0):
+            np.maximum(value, np.float32(0), out=value)
+        zp = np.array(node.get("y_zero_point"),
+                      np.uint8 if node.get("out") == "u8" else np.int8)
+        return [quantize(value, np.array(node.get("y_scale"), np.float32), zp)]
+
+    return run
+
+
+_int8_add = _int8_binary(np.add)
 
 
 #: int8 products without a kernel in model libraries (reported with the Int8Layer steps)
@@ -276,6 +283,7 @@ DOMAIN_OPS: dict[tuple[str, str], OpFn] = {
     ("com.microsoft", "QGemm"): _qgemm,
     (INT8_DOMAIN, INT8_OP): _int8_layer,
     (INT8_DOMAIN, "Int8Add"): _int8_add,
+    (INT8_DOMAIN, "Int8Mul"): _int8_binary(np.multiply),
 }
 
 

@@ -1,7 +1,9 @@
 """Quantized residual additions: ``DequantizeLinear(a) + DequantizeLinear(b) [-> Relu] ->
 QuantizeLinear`` (what ``quantize_static`` writes for a ResNet block's shortcut, and what
 onnxruntime fuses into QLinearAdd) becomes one ``tuner.int8`` ``Int8Add`` node reading the two
-8-bit tensors: one pass instead of two dequantizations, an fp32 add and a quantization.
+8-bit tensors: one pass instead of two dequantizations, an fp32 add and a quantization. A
+product (``Mul``: BERT's GELU multiplies ``x`` by ``1 + erf(x / sqrt 2)``, then by 0.5) becomes
+an ``Int8Mul`` the same way.
 
 Its numpy step (``deploy.ops_quant``) computes exactly what the unfused nodes compute: each
 operand dequantized in fp32, the sum (ReLU'd), divided by the output scale, rounded half to
@@ -24,18 +26,22 @@ from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 logger = logging.getLogger(__name__)
 
 INT8_ADD = "Int8Add"
+INT8_MUL = "Int8Mul"
+#: the standard operator each quantized binary node replaces
+BINARY = {"Add": INT8_ADD, "Mul": INT8_MUL}
 _EIGHT_BIT = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)
 
 
 def int8_add_groups(view: QuantGraph) -> Iterator[Group]:
     claimed: set[int] = set()
     for position, node in enumerate(view.graph.node):
-        if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or position in claimed:
+        if (node.op_type not in BINARY or node.domain not in ("", "ai.onnx")
+                or position in claimed):
             continue
         try:
             group = _add_group(view, position)
         except UnmappableNode as e:
-            logger.debug("Add %s stays fp32: %s", node.name or position, e)
+            logger.debug("%s %s stays fp32: %s", node.op_type, node.name or position, e)
             continue
         if group is not None and not claimed & group.nodes:
             claimed |= group.nodes
@@ -58,7 +64,7 @@ def _operand(view: QuantGraph, name: str, node: str) -> tuple[str, float, int, i
 
 def _add_group(view: QuantGraph, position: int) -> Group | None:
     add = view.graph.node[position]
-    name = add.name or f"Add_{position}"
+    name = add.name or f"{add.op_type}_{position}"
     if len(add.input) != 2:
         return None
     a = _operand(view, add.input[0], name)
@@ -84,7 +90,7 @@ def _add_group(view: QuantGraph, position: int) -> Group | None:
         return None
     nodes.add(nxt)  # type: ignore[arg-type]
     node = onnx.helper.make_node(
-        INT8_ADD, [a[0], b[0]], [quant.output[0]], name, domain=INT8_DOMAIN,
+        BINARY[add.op_type], [a[0], b[0]], [quant.output[0]], name, domain=INT8_DOMAIN,
         a_scale=a[1], a_zero_point=a[2], b_scale=b[1], b_zero_point=b[2],
         y_scale=float(y_scale[0]), y_zero_point=int(y_zp[0]),
         out="u8" if y_zp.dtype == np.uint8 else "s8", relu=int(relu))
