@@ -217,6 +217,45 @@ class Dequantize(GeneratedOp):
         return _numpy_dequantized(inputs["x"], self.zero_point, self.scale)
 
 
+@register_op
+@dataclasses.dataclass(frozen=True)
+class QuantizedTable(GeneratedOp):
+    """``out[i] = table[x[i]]``: an 8-bit input's 256 values mapped by a table (the model
+    compiler's ``Int8Table``, a unary chain between a DequantizeLinear and a
+    QuantizeLinear). The table arrives as 256 int32 values, lowest input first."""
+
+    kind = "int8_table"
+    size: int
+    in_dtype: str
+    out_dtype: str
+
+    def __post_init__(self) -> None:
+        _check_size(self.kind, self.size)
+        _check_dtype(self.kind, "in", self.in_dtype)
+        _check_dtype(self.kind, "out", self.out_dtype)
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"x": (self.size,), "table": (256,)}
+
+    def input_dtypes(self) -> dict[str, str]:
+        return {"x": self.in_dtype, "table": "int32"}
+
+    def output_shape(self) -> Shape:
+        return (self.size,)
+
+    def lower(self) -> Kernel:
+        x = Buffer("x", (self.size,), dtype=self.in_dtype)
+        table = Buffer("table", (256,), dtype="int32")
+        out = Buffer("out", (self.size,), dtype=self.out_dtype)
+        low = RANGES[self.in_dtype][0]
+        return _flat_kernel(self, (x, table), out, lambda i: cast(
+            self.out_dtype, table[cast("int64", x[i]) - low]))
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        x = np.asarray(inputs["x"]).reshape(-1).astype(np.int64) - RANGES[self.in_dtype][0]
+        return np.asarray(inputs["table"]).reshape(-1)[x].astype(self.out_dtype)
+
+
 def _flat_kernel(op: GeneratedOp, ins: tuple[Buffer, ...], out: Buffer,
                  element: Callable[[Expr], Expr]) -> Kernel:
     """``out[i] = element(i)`` over the flat buffers: threaded over BLOCK-sized blocks when

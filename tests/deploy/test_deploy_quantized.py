@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -219,3 +220,55 @@ def test_conversions_of_constants_are_folded_not_run(tmp_path: Path) -> None:
     runner = _runner(path, tmp_path / "lib")
     ran = {getattr(s, "layer", None) or getattr(s.info, "name", "") for s in runner.steps}
     assert not {"one_q", "one_f"} & ran and "shift" in ran
+
+
+def _gelu_half_model(path: Path) -> None:
+    """x (u8) -> DequantizeLinear -> Div sqrt(2) -> Erf -> QuantizeLinear -> DequantizeLinear:
+    the unary part of a QDQ BERT's GELU, the Div's divisor a Constant node."""
+    h = onnx.helper
+    nh = onnx.numpy_helper
+    inits = [nh.from_array(np.array(0.05, np.float32), "s_in"),
+             nh.from_array(np.array(128, np.uint8), "z_in"),
+             nh.from_array(np.array(1 / 127.5, np.float32), "s_out"),
+             nh.from_array(np.array(128, np.uint8), "z_out")]
+    nodes = [
+        h.make_node("Constant", [], ["root2"], "root2",
+                    value=nh.from_array(np.array(1.4142135, np.float32))),
+        h.make_node("DequantizeLinear", ["x", "s_in", "z_in"], ["xf"], "dq"),
+        h.make_node("Div", ["xf", "root2"], ["d"], "div"),
+        h.make_node("Erf", ["d"], ["e"], "erf"),
+        h.make_node("QuantizeLinear", ["e", "s_out", "z_out"], ["eq"], "q"),
+        h.make_node("DequantizeLinear", ["eq", "s_out", "z_out"], ["y"], "dq_out"),
+    ]
+    graph = h.make_graph(nodes, "gelu_half",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.UINT8, [2, 3, 300])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3, 300])],
+                         inits)
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+
+
+def test_a_unary_chain_between_dequantize_and_quantize_is_one_table(tmp_path: Path) -> None:
+    """Div by a Constant and Erf between a DequantizeLinear and a QuantizeLinear become one
+    Int8Table node: its table is the chain on all 256 inputs, its kernel looks every element
+    up, and the model's output matches onnxruntime's unfused evaluation within one step."""
+    from tuner_service.compiler.frontend.loading import load_model
+
+    path = tmp_path / "gelu_half.onnx"
+    _gelu_half_model(path)
+    proto = load_model(path)
+    assert [n.op_type for n in proto.graph.node] == ["Int8Table", "DequantizeLinear"]
+    table = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer
+                 if t.name.endswith(".table"))
+    x = np.arange(256).astype(np.float32)
+    erf = np.vectorize(math.erf)(((x - 128) * np.float32(0.05)) / np.float32(1.4142135))
+    want = np.clip(np.rint(erf.astype(np.float32) / np.float32(1 / 127.5)) + 128, 0, 255)
+    assert table.dtype == np.uint8 and np.abs(table.astype(int) - want).max() <= 1
+    runner = _runner(path, tmp_path / "lib")
+    assert [s.node.op_type for s in runner.steps
+            if isinstance(s, QuantGlueStep)] == ["Int8Table", "DequantizeLinear"]
+    feed = {"x": np.random.default_rng(0).integers(0, 256, (2, 3, 300)).astype(np.uint8)}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    got, reference = runner.run(feed)["y"], session.run(None, feed)[0]
+    assert np.abs(got - reference).max() <= 1 / 127.5 + 1e-6

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from schedule_templates.ops.base import GeneratedOpError, op_from_json
-from schedule_templates.ops.quant import RANGES, Dequantize, Quantize, QuantizedBinary
+from schedule_templates.ops.quant import (
+    RANGES,
+    Dequantize,
+    Quantize,
+    QuantizedBinary,
+    QuantizedTable,
+)
 from schedule_templates.ops.run import compile_op
 
 
@@ -105,3 +111,24 @@ def test_quantized_add_broadcasts_a_vector_along_the_rows(side, size, period):
     with pytest.raises(GeneratedOpError, match="period"):
         QuantizedBinary(size + 1, "uint8", 0.1, 0, "uint8", 0.1, 0, "uint8", 0.1, 0, False, side,
                      period if period > 1 else 2)
+
+
+@pytest.mark.parametrize("size", [1, 255, 4097, 200_003])
+@pytest.mark.parametrize("in_dtype,out_dtype", [("uint8", "uint8"), ("int8", "uint8"),
+                                                ("uint8", "int8")])
+def test_quantized_table_looks_up_every_value(size, in_dtype, out_dtype):
+    op = QuantizedTable(size, in_dtype, out_dtype)
+    rng = np.random.default_rng(size)
+    lo, hi = RANGES[out_dtype]
+    inputs = {"x": _operand(rng, in_dtype, size),
+              "table": rng.integers(lo, hi + 1, 256).astype(np.int32)}
+    want = op.reference(inputs)
+    low = RANGES[in_dtype][0]
+    assert want.dtype == np.dtype(out_dtype)
+    assert (want == inputs["table"][inputs["x"].astype(np.int64) - low]).all()
+    compiled = compile_op(op)
+    try:
+        for threads in (1, 2):
+            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
+    finally:
+        compiled.close()

@@ -22,20 +22,26 @@ import numpy as np
 import onnx
 
 from schedule_templates.ops.base import GeneratedOp
-from schedule_templates.ops.quant import Dequantize, Quantize, QuantizedBinary
+from schedule_templates.ops.quant import (
+    Dequantize,
+    Quantize,
+    QuantizedBinary,
+    QuantizedTable,
+)
 from schedule_templates.runtime import NUMPY_DTYPES, aligned_empty
 from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.node import NodeInfo
 from tuner_service.compiler.frontend.fusion import node_name
 from tuner_service.compiler.frontend.quantized_glue import INT8_ADD, INT8_MUL
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
+from tuner_service.compiler.frontend.quantized_table import INT8_TABLE
 
 if TYPE_CHECKING:  # loader imports library, which imports int8_step, which imports this
     from tuner_service.compiler.deploy.loader import LoadedGenerated
 
 #: ONNX element types -> the IR's names, for the tensors the glue reads and writes
-_TYPES = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8",
-          onnx.TensorProto.FLOAT: "float32"}
+_TYPES: dict[int, str] = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8",
+                          onnx.TensorProto.FLOAT: "float32"}
 #: standard operators with a generated kernel when their parameters are per tensor
 GLUE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
@@ -43,7 +49,7 @@ GLUE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 def is_glue(node: onnx.NodeProto) -> bool:
     """Whether ``node`` may have a glue kernel in the library (the runner looks it up)."""
     if node.domain == INT8_DOMAIN:
-        return node.op_type in (INT8_ADD, INT8_MUL)
+        return node.op_type in (INT8_ADD, INT8_MUL, INT8_TABLE)
     return node.domain in ("", "ai.onnx") and node.op_type in GLUE_OPS
 
 
@@ -66,6 +72,14 @@ def glue_ops(proto: onnx.ModelProto) -> Iterator[tuple[GeneratedOp, list[str]]]:
 def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ...]]],
             constants: Mapping[str, onnx.TensorProto]) -> GeneratedOp | None:
     """The generated operator for one glue node, or None where it stays a numpy step."""
+    if node.domain == INT8_DOMAIN and node.op_type == INT8_TABLE:
+        x, table = tensors.get(node.input[0]), constants.get(node.input[1])
+        if x is None or table is None or x[0] == "float32" or len(table.dims) != 1:
+            return None
+        out = _TYPES.get(table.data_type)
+        if out not in ("uint8", "int8") or table.dims[0] != 256:
+            return None
+        return QuantizedTable(int(np.prod(x[1], dtype=np.int64)), x[0], out)
     if node.domain == INT8_DOMAIN:
         return _quantized_add(node, tensors)
     source = node.input[0]
@@ -151,12 +165,12 @@ def _scalar(constants: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray 
 class QuantGlueStep:
     """A glue node run by its generated kernel: its 8-bit or fp32 inputs read by pointer (a
     constant one, such as a bias, converted once), the result in an output buffer of its
-    own, shaped as its largest input."""
+    own, shaped as its input of the output's size."""
 
     def __init__(self, kernel: LoadedGenerated, node: onnx.NodeProto, info: NodeInfo,
                  threads: int) -> None:
         op = kernel.op
-        if not isinstance(op, QuantizedBinary | Quantize | Dequantize):
+        if not isinstance(op, QuantizedBinary | QuantizedTable | Quantize | Dequantize):
             raise LibraryError(f"{node.op_type} {info.name}: its kernel is a {op.kind}, not "
                                "a quantization glue operator")
         self.kernel, self.node, self.info, self.op = kernel, node, info, op
@@ -179,4 +193,5 @@ class QuantGlueStep:
                                f"{self._sizes}")
         self.kernel.function(*(a.ctypes.data for a in arrays), self._out.ctypes.data,
                              self._threads)
-        env[self.outputs[0]] = self._out.reshape(max(arrays, key=lambda a: a.size).shape)
+        env[self.outputs[0]] = self._out.reshape(
+            next(a for a in arrays if a.size == self.op.size).shape)

@@ -263,6 +263,13 @@ def _int8_binary(combine: Callable[[Array, Array], Array]) -> OpFn:
 _int8_add = _int8_binary(np.add)
 
 
+def _int8_table(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
+    """``tuner.int8`` Int8Table: each 8-bit value looked up in its 256-entry table."""
+    x, table = np.asarray(required(inputs, 0, node)), np.asarray(required(inputs, 1, node))
+    low = -128 if x.dtype == np.int8 else 0
+    return [table[x.astype(np.int16) - low]]
+
+
 #: int8 products without a kernel in model libraries (reported with the Int8Layer steps)
 _INT8_ANCHORS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
                            "QGemm"})
@@ -284,6 +291,7 @@ DOMAIN_OPS: dict[tuple[str, str], OpFn] = {
     (INT8_DOMAIN, INT8_OP): _int8_layer,
     (INT8_DOMAIN, "Int8Add"): _int8_add,
     (INT8_DOMAIN, "Int8Mul"): _int8_binary(np.multiply),
+    (INT8_DOMAIN, "Int8Table"): _int8_table,
 }
 
 

@@ -69,11 +69,14 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
         int8_add_groups,
         requantize_free_moves,
     )
+    from tuner_service.compiler.frontend.quantized_table import table_groups
 
     if not is_quantized(proto):
         return 0
     made = apply_groups(proto, list(_groups(QuantGraph(proto.graph))))
     made += apply_groups(proto, list(int8_add_groups(QuantGraph(proto.graph))))
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 17)
+    made += apply_groups(proto, list(table_groups(QuantGraph(proto.graph), opset)))
     made += apply_groups(proto, list(requantize_free_moves(QuantGraph(proto.graph))))
     _drop_dead_dequantize(proto.graph)
     logger.debug("rewrote %d quantized nodes into the %s domain", made, INT8_DOMAIN)
@@ -85,11 +88,12 @@ def _drop_dead_dequantize(graph: onnx.GraphProto) -> None:
     fed both an int8 layer and an addition, both now read the 8-bit tensor, and its fp32 copy
     (a full pass over the activation per run: 1.3 ms of ResNet-50 int8's 34 ms here) went
     nowhere."""
-    read = {name for node in graph.node for name in node.input}
-    read |= {value.name for value in graph.output}
-    keep = [node for node in graph.node
-            if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx")
-            or any(out in read for out in node.output)]
+    from tuner_service.compiler.frontend.shapes import reads
+
+    read = set(reads(graph)) | {value.name for value in graph.output}  # subgraphs' reads too
+    keep = [node for node in graph.node  # and the Constants a table absorbed
+            if node.op_type not in ("DequantizeLinear", "Constant")
+            or node.domain not in ("", "ai.onnx") or any(out in read for out in node.output)]
     if len(keep) < len(graph.node):
         del graph.node[:]
         graph.node.extend(keep)

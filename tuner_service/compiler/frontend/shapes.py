@@ -132,7 +132,7 @@ def _drop_unused_constants(graph: onnx.GraphProto) -> None:
     """Remove ``Constant`` nodes and initializers nothing reads any more (the inputs of folded
     nodes), so that runtimes do not warn about them. Subgraphs' reads count as reads."""
     used = {v.name for v in graph.output} | {v.name for v in graph.input}
-    used |= set(_reads(graph))
+    used |= set(reads(graph))
     keep = [n for n in graph.node if n.op_type != "Constant" or any(o in used for o in n.output)]
     if len(keep) != len(graph.node):
         del graph.node[:]
@@ -143,12 +143,13 @@ def _drop_unused_constants(graph: onnx.GraphProto) -> None:
         graph.initializer.extend(initializers)
 
 
-def _reads(graph: onnx.GraphProto) -> Iterable[str]:
+def reads(graph: onnx.GraphProto) -> Iterable[str]:
+    """Every tensor name a graph's nodes read, subgraphs' reads and outputs included."""
     for node in graph.node:
         yield from node.input
         for attr in node.attribute:
             for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                yield from _reads(sub)
+                yield from reads(sub)
                 yield from (v.name for v in sub.output)
 
 
