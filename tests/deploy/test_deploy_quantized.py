@@ -182,6 +182,8 @@ def test_cli_build_and_checked_run_of_a_quantized_model(
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["int8_layers"] >= 2
+    # the input's QuantizeLinear, the bias addition and the output's DequantizeLinear
+    assert report["int8_glue_steps"] == 3 and report["numpy_steps"] == 1  # the Flatten
     assert report["check"]["max_rel_error"] < 1e-5
 
 
