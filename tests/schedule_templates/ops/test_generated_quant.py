@@ -18,6 +18,15 @@ from schedule_templates.ops.quant import (
 from schedule_templates.ops.run import compile_op
 
 
+def _equal_on_1_and_2_threads(op, inputs, want):
+    compiled = compile_op(op)
+    try:
+        for threads in (1, 2):
+            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
+    finally:
+        compiled.close()
+
+
 def _operand(rng: np.random.Generator, dtype: str, size: int) -> np.ndarray:
     lo, hi = RANGES[dtype]
     return rng.integers(lo, hi + 1, size).astype(dtype)
@@ -37,12 +46,7 @@ def test_quantized_binary_equals_numpy(size, a_dtype, b_dtype, out_dtype, relu, 
     inputs = {"a": _operand(rng, a_dtype, size), "b": _operand(rng, b_dtype, size)}
     want = op.reference(inputs)
     assert want.dtype == np.dtype(out_dtype)
-    compiled = compile_op(op)
-    try:
-        for threads in (1, 2):
-            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
-    finally:
-        compiled.close()
+    _equal_on_1_and_2_threads(op, inputs, want)
 
 
 def test_quantized_add_rounds_like_numpy_not_like_an_fma():
@@ -81,15 +85,8 @@ def test_quantize_and_dequantize_equal_numpy(size, dtype, zero_point):
     if size > 1000:  # +-600 half steps reach past both ends of the range
         assert {int(q.min()), int(q.max())} == set(RANGES[dtype])
     dequantize = Dequantize(size, dtype, 0.037, zero_point)
-    compiled = [compile_op(quantize), compile_op(dequantize)]
-    try:
-        for threads in (1, 2):
-            np.testing.assert_array_equal(compiled[0]({"x": x}, threads=threads), q)
-            np.testing.assert_array_equal(compiled[1]({"x": q}, threads=threads),
-                                          dequantize.reference({"x": q}))
-    finally:
-        for c in compiled:
-            c.close()
+    _equal_on_1_and_2_threads(quantize, {"x": x}, q)
+    _equal_on_1_and_2_threads(dequantize, {"x": q}, dequantize.reference({"x": q}))
 
 
 @pytest.mark.parametrize("side", ["a", "b"])
@@ -102,12 +99,7 @@ def test_quantized_add_broadcasts_a_vector_along_the_rows(side, size, period):
     inputs = {name: _operand(rng, "uint8", shape[0]) for name, shape in op.input_shapes().items()}
     assert inputs[side].size == period
     want = op.reference(inputs)
-    compiled = compile_op(op)
-    try:
-        for threads in (1, 2):
-            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
-    finally:
-        compiled.close()
+    _equal_on_1_and_2_threads(op, inputs, want)
     with pytest.raises(GeneratedOpError, match="period"):
         QuantizedBinary(size + 1, "uint8", 0.1, 0, "uint8", 0.1, 0, "uint8", 0.1, 0, False, side,
                      period if period > 1 else 2)
@@ -126,9 +118,4 @@ def test_quantized_table_looks_up_every_value(size, in_dtype, out_dtype):
     low = RANGES[in_dtype][0]
     assert want.dtype == np.dtype(out_dtype)
     assert (want == inputs["table"][inputs["x"].astype(np.int64) - low]).all()
-    compiled = compile_op(op)
-    try:
-        for threads in (1, 2):
-            np.testing.assert_array_equal(compiled(inputs, threads=threads), want)
-    finally:
-        compiled.close()
+    _equal_on_1_and_2_threads(op, inputs, want)
