@@ -52,7 +52,15 @@ class QuantGraph:
                             self.readers.setdefault(name, []).extend([-1, -1])
 
     def constant(self, name: str) -> np.ndarray | None:
+        """An initializer's value, or a ``Constant`` node's (``value`` attribute)."""
         tensor = self.initializers.get(name)
+        if tensor is None:
+            position = self.producer.get(name)
+            node = self.graph.node[position] if position is not None else None
+            if node is None or node.op_type != "Constant" or node.domain not in _DEFAULT:
+                return None
+            tensor = next((a.t for a in node.attribute if a.name == "value"
+                           and a.HasField("t")), None)
         return None if tensor is None else onnx.numpy_helper.to_array(tensor)
 
     def only_reader(self, name: str) -> int | None:

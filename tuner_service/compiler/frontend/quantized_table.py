@@ -86,25 +86,13 @@ def _table_group(view: QuantGraph, position: int, opset: int) -> Group | None:
 
 def _value_input(view: QuantGraph, node: onnx.NodeProto) -> str | None:
     """The one input of ``node`` that is not a constant (None if there is not exactly one)."""
-    computed = [name for name in node.input if name and _constant(view, name) is None]
+    computed = [name for name in node.input if name and view.constant(name) is None]
     return computed[0] if len(computed) == 1 else None
-
-
-def _constant(view: QuantGraph, name: str) -> np.ndarray | None:
-    value = view.constant(name)
-    if value is not None:
-        return value
-    position = view.producer.get(name)
-    node = view.graph.node[position] if position is not None else None
-    if node is None or node.op_type != "Constant":
-        return None
-    attr = next((a for a in node.attribute if a.name == "value" and a.HasField("t")), None)
-    return None if attr is None else onnx.numpy_helper.to_array(attr.t)
 
 
 def _scalars(view: QuantGraph, node: onnx.NodeProto) -> bool:
     """A (de)quantization with a constant per-tensor scale (and zero point, if given)."""
-    values = [_constant(view, name) for name in node.input[1:3] if name]
+    values = [view.constant(name) for name in node.input[1:3] if name]
     return bool(values) and all(v is not None and v.size == 1 for v in values)
 
 
@@ -117,14 +105,14 @@ def _evaluate(view: QuantGraph, dq: onnx.NodeProto, chain: list[onnx.NodeProto],
     from onnx.reference import ReferenceEvaluator
 
     lo, hi = _RANGES[elem_type]
-    scale, zero = (_constant(view, name) if name else None for name in
+    scale, zero = (view.constant(name) if name else None for name in
                    (dq.input[1], dq.input[2] if len(dq.input) > 2 else ""))
     assert scale is not None  # _scalars checked it
     x = np.arange(lo, hi + 1).astype(np.float32)
     x -= np.float32(0 if zero is None else zero.reshape(-1)[0])
     x *= np.float32(scale.reshape(-1)[0])
     inner = {out for node in chain for out in node.output}
-    constants = {name: _constant(view, name) for node in chain for name in node.input
+    constants = {name: view.constant(name) for node in chain for name in node.input
                  if name and name != dq.output[0] and name not in inner}
     if any(value is None for value in constants.values()):
         return None
@@ -141,7 +129,7 @@ def _evaluate(view: QuantGraph, dq: onnx.NodeProto, chain: list[onnx.NodeProto],
         logger.debug("no table for %s: %s", chain[0].name, e)
         return None
     value = np.asarray(value, np.float32).reshape(-1)
-    q_scale, q_zero = (_constant(view, name) if name else None for name in
+    q_scale, q_zero = (view.constant(name) if name else None for name in
                        (quant.input[1], quant.input[2] if len(quant.input) > 2 else ""))
     assert q_scale is not None
     out_type = np.uint8 if q_zero is None else q_zero.dtype
