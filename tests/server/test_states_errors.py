@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from schedule_templates.records import ErrorKind
 from tuner_service.api.errors import STATUS, install_error_handlers
-from tuner_service.api.schemas import ResultIn
+from tuner_service.api.worker_schemas import ResultIn
 from tuner_service.compiler.deploy.errors import DeployError
 from tuner_service.compiler.frontend.errors import ModelError
 from tuner_service.cost_model import CostModelError

@@ -121,7 +121,7 @@ def test_a_report_is_walked_once_and_nested_bad_values_are_still_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.exceptions import RequestValidationError
 
-    from tuner_service.api import schemas, wire
+    from tuner_service.api import schemas, wire, worker_schemas
 
     walks: list[object] = []
     check = schemas.check_tree
@@ -132,10 +132,10 @@ def test_a_report_is_walked_once_and_nested_bad_values_are_still_refused(
 
     monkeypatch.setattr(schemas, "check_tree", counted)
     result = {"measure_id": 1, "costs": [1e-3], "timings": {"measure_s": 0.1}}
-    body = wire.validate(schemas.ResultsIn, {"results": [result] * 16})
+    body = wire.validate(worker_schemas.ResultsIn, {"results": [result] * 16})
     assert len(body.results) == 16 and len(walks) == 1  # not 33 (each result and timings)
-    schemas.ResultsIn.model_validate({"results": [result] * 16})
+    worker_schemas.ResultsIn.model_validate({"results": [result] * 16})
     assert len(walks) == 1 + 33  # without a context (FastAPI's own routes) every body walks
     with pytest.raises(RequestValidationError) as refused:
-        wire.validate(schemas.ResultsIn, {"results": [{**result, "x": "a\x00"}]})
+        wire.validate(worker_schemas.ResultsIn, {"results": [{**result, "x": "a\x00"}]})
     assert "results[0].x" in str(refused.value.errors())

@@ -13,7 +13,7 @@ response model and encoded) cost more server time than the work itself. These ro
   beyond 64 bits and a byte-order mark are read exactly as before. orjson reads those
   differently and would save about a microsecond per result.
 * ``validate``: the pydantic schema itself decides, so the rules and limits stay those of
-  ``schemas.py`` and an invalid body gets the same 422 (``errors._validation_error``).
+  ``worker_schemas.py`` and an invalid body gets the same 422 (``errors._validation_error``).
 * ``json_response``: the answer encoded in one step (orjson), without a second validation.
 * ``raw_body_doc``: the request body in the OpenAPI document (``openapi_extra``), since FastAPI
   cannot see a body the route reads itself.

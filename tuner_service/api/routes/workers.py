@@ -17,7 +17,9 @@ from tuner_service.api.deps import (
     WorkerId,
     WorkerToken,
 )
-from tuner_service.api.schemas import (
+from tuner_service.api.wire import json_response, raw_body_doc, read_json, validate
+from tuner_service.api.worker_auth import authorized_worker
+from tuner_service.api.worker_schemas import (
     ClaimAnswer,
     ClaimRequest,
     HeartbeatAnswer,
@@ -29,8 +31,6 @@ from tuner_service.api.schemas import (
     WorkerRegister,
     WorkerRegistered,
 )
-from tuner_service.api.wire import json_response, raw_body_doc, read_json, validate
-from tuner_service.api.worker_auth import authorized_worker
 from tuner_service.db.engine import Database
 from tuner_service.errors import ForbiddenError
 from tuner_service.jobs import log, queue
