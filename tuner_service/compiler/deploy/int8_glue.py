@@ -180,6 +180,8 @@ class QuantGlueStep:
         self.outputs = [node.output[0]]
         self._dtypes = [NUMPY_DTYPES[d] for d in dtypes.values()]
         self._sizes = [shape[0] for shape in op.input_shapes().values()]
+        #: the input whose shape the output takes (a broadcast operand is smaller)
+        self._shaped = self._sizes.index(op.size)
         out = "float32" if isinstance(op, Dequantize) else op.out_dtype
         self._out = aligned_empty(op.size, zero=True, dtype=NUMPY_DTYPES[out])
         self._threads = ctypes.c_int64(max(1, threads))
@@ -193,5 +195,4 @@ class QuantGlueStep:
                                f"{self._sizes}")
         self.kernel.function(*(a.ctypes.data for a in arrays), self._out.ctypes.data,
                              self._threads)
-        env[self.outputs[0]] = self._out.reshape(
-            next(a for a in arrays if a.size == self.op.size).shape)
+        env[self.outputs[0]] = self._out.reshape(arrays[self._shaped].shape)
