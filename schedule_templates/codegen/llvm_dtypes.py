@@ -87,6 +87,8 @@ def emit_cast(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
     def of(elem: ir.Type) -> ir.Type:
         return ir.VectorType(elem, lanes) if lanes else elem
 
+    if src == "bfloat16" and dst != "float32":  # to an integer: the 16 raw bits (packing)
+        return emit_cast(b, b.zext(value, of(I32)), "int32", dst)
     if src == "bfloat16":  # the bits are the top half of an fp32
         wide = b.shl(b.zext(value, of(I32)), _splat_const(I32, 16, lanes))
         return emit_cast(b, b.bitcast(wide, of(F32)), "float32", dst)

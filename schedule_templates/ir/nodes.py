@@ -208,7 +208,9 @@ class Cast(Expr):
 
     float -> integer truncates toward zero (round first with the ``roundeven`` intrinsic);
     integer -> integer extends by the source's signedness or wraps; float32 -> bfloat16 rounds
-    to nearest even. Saturation is the caller's: clamp before narrowing."""
+    to nearest even; bfloat16 -> an integer type gives its 16 raw bits (zero-extended), which
+    is what packing two of them into a word needs. Saturation is the caller's: clamp before
+    narrowing."""
 
     to: str
     arg: Expr

@@ -1,9 +1,16 @@
 """x86 template for ``dense_bf16``: AVX-512 BF16 register tiles, fp32 accumulation.
 
 Weights are rounded to bfloat16 once at pack time (nearest even) and packed in pairs along K;
-activations arrive as bfloat16 and are read two at a time as one 32-bit word, broadcast, and
-``vdpbf16ps`` adds both products of each pair into an fp32 lane (``x86_dot_gemm``'s nest).
-Against fp32 FMAs that is twice the multiplies per instruction and half the bytes.
+activations are read two at a time as one 32-bit word, broadcast, and ``vdpbf16ps`` adds both
+products of each pair into an fp32 lane (``x86_dot_gemm``'s nest). Against fp32 FMAs that is
+twice the multiplies per instruction and half the bytes: on CPUs whose BF16 unit issues like
+their FMAs (AMD Zen 4/5) a compute-bound layer runs up to twice as fast, on others (Intel Xeon
+before AMX) at half speed, so ``bench/kernels.py`` measures both before a model is built so.
+
+bfloat16 activations (``data=bf16``) are only reinterpreted as words. fp32 activations
+(``data=f32``, a model built with ``--precision bf16``) are first rounded into a workspace of
+words, one parallel pass over the rows (M x K, small next to the M x N x K products). A fused
+epilogue is computed in fp32 on the finished sums, as ``dense``'s is.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from schedule_templates.ir.nodes import Buffer, Expr, Kernel, Stmt, store
+from schedule_templates.ir.nodes import Buffer, Expr, Kernel, Scope, Stmt, cast, store
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
+from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
 from schedule_templates.templates.x86_dot_gemm import (
     BF16,
     as_words,
@@ -27,6 +35,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
     typed,
 )
+from schedule_templates.templates.x86_int8_stages import word_rows
 from schedule_templates.workloads import DenseBf16, Workload
 from schedule_templates.workloads.lowp import to_bfloat16
 
@@ -37,6 +46,7 @@ class DenseBf16X86(Template):
     op = "dense_bf16"
     target_kind = "llvm"
     version = 1
+    fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
@@ -51,18 +61,34 @@ class DenseBf16X86(Template):
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseBf16)
         nr = config["tile_n"][2]
-        data = Buffer("data", (wl.M, wl.K // 2), dtype="int32")  # 2 bf16 per word
-        packed = Buffer("weight_packed", (wl.N // nr, wl.K // 2, nr), dtype="int32")
+        words = wl.K // 2
+        stages: list[Stmt] = []
+        workspaces: list[Buffer] = []
+        if wl.data == "bf16":
+            data = Buffer("data", (wl.M, words), dtype="int32")  # 2 bf16 per word
+            rows = data
+        else:
+            data = Buffer("data", (wl.M, wl.K))
+            rows = Buffer("data_words", (wl.M, words), Scope.WORKSPACE, "int32")
+            workspaces.append(rows)
+            stages.append(word_rows(lambda m, w: rows[m, w],
+                                    lambda m, k: cast("int32", cast("bfloat16", data[m, k])),
+                                    wl.M, wl.K, words, BF16))
+        packed = Buffer("weight_packed", (wl.N // nr, words, nr), dtype="int32")
         out = Buffer("out", (wl.M, wl.N))
+        epilogue = epilogue_stage(wl)
 
         def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
-            return store(out[m, n], acc)
+            return store(out[m, n], epilogue.apply(acc, n, (m, n)) if wl.epilogue else acc)
 
         partial = partial_buffer(config, wl.M, wl.N, BF16)
-        body = dot_nest(config, BF16, a=lambda m, kg: data[m, kg],
-                        b=lambda p, kg, j: packed[p, kg, j], finish=finish, partial=partial)
-        return Kernel("dense_bf16_x86", (data, packed, out),
-                      () if partial is None else (partial,), (body,))
+        stages.append(dot_nest(config, BF16, a=lambda m, kg: rows[m, kg],
+                               b=lambda p, kg, j: packed[p, kg, j], finish=finish,
+                               partial=partial))
+        if partial is not None:
+            workspaces.append(partial)
+        return Kernel("dense_bf16_x86", (data, packed, *epilogue.buffers, out),
+                      tuple(workspaces), tuple(stages))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
@@ -70,6 +96,7 @@ class DenseBf16X86(Template):
         nr = config["tile_n"][2]
         weight = to_bfloat16(np.asarray(inputs["weight"], dtype=np.float32))
         packed = as_words(pack_panels(weight, nr, 2)).reshape(wl.N // nr, wl.K // 2, nr)
-        # activations are only reinterpreted (the same bits as words), not transformed
-        return {"data": as_words(typed(inputs, "data", np.uint16)),
-                "weight_packed": packed}
+        # bf16 activations are only reinterpreted (the same bits as words), not transformed
+        data = (as_words(typed(inputs, "data", np.uint16)) if wl.data == "bf16"
+                else np.asarray(inputs["data"], dtype=np.float32))
+        return {"data": data, "weight_packed": packed, **epilogue_arguments(wl, inputs)}

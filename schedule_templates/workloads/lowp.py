@@ -16,7 +16,10 @@ other than zero are not supported (they would need row sums of the activations i
 
 ``dense_bf16`` takes bfloat16 activations (numpy uint16 holding the bits) and fp32 weights,
 which a template rounds to bfloat16 once at pack time; products accumulate in fp32. The
-reference rounds the weights the same way, so only the summation order differs.
+reference rounds the weights the same way, so only the summation order differs. With
+``data=f32`` the activations arrive as fp32 and the kernel rounds them itself (what a model
+built with ``--precision bf16`` runs: fp32 tensors between layers, bf16 products inside); such a
+layer may fuse ``dense``'s epilogue, computed in fp32 on the fp32 sums.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from schedule_templates.workloads.base import Shape, Workload, register
+from schedule_templates.workloads.epilogue import NO_EPILOGUE, Epilogue
 
 #: saturation range of each quantized output type
 QUANT_RANGES: dict[str, tuple[int, int]] = {"u8": (0, 255), "s8": (-128, 127)}
@@ -177,24 +181,32 @@ class DenseInt8(Workload):
 @register
 @dataclasses.dataclass(frozen=True)
 class DenseBf16(Workload):
-    """``out[M,N] = data[M,K] . bf16(weight[N,K])^T`` with bf16 data, fp32 accumulation."""
+    """``out[M,N] = bf16(data[M,K]) . bf16(weight[N,K])^T``, fp32 accumulation, then the
+    epilogue; ``data`` is bfloat16 bits (``data=bf16``) or fp32 rounded in the kernel (``f32``)."""
 
     M: int
     N: int
     K: int
+    data: str = "bf16"
+    epilogue: Epilogue = NO_EPILOGUE
 
     op: ClassVar[str] = "dense_bf16"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
         "M": ("int", None),
         "N": ("int", None),
         "K": ("int", None),
+        "data": ("choice", "bf16"),
+        "epilogue": ("epilogue", NO_EPILOGUE),
     }
-    constant_inputs: ClassVar[tuple[str, ...]] = ("weight",)
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {"data": ("bf16", "f32")}
+    constant_inputs: ClassVar[tuple[str, ...]] = ("weight", "scale", "bias")
     examples: ClassVar[tuple[str, ...]] = ("dense_bf16:M=6,N=32,K=10",
-                                           "dense_bf16:M=3,N=48,K=64")
+                                           "dense_bf16:M=3,N=48,K=64",
+                                           "dense_bf16:M=5,N=32,K=6,data=f32,epilogue=bias+relu")
 
     def input_shapes(self) -> dict[str, Shape]:
-        return {"data": (self.M, self.K), "weight": (self.N, self.K)}
+        return {"data": (self.M, self.K), "weight": (self.N, self.K),
+                **self.epilogue.input_shapes(self.output_shape())}
 
     def output_shape(self) -> Shape:
         return (self.M, self.N)
@@ -203,15 +215,20 @@ class DenseBf16(Workload):
         return 2 * self.M * self.N * self.K
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        data = from_bfloat16(inputs["data"]).astype(np.float64)
+        data = inputs["data"] if self.data == "bf16" else to_bfloat16(inputs["data"])
         weight = from_bfloat16(to_bfloat16(inputs["weight"])).astype(np.float64)
-        return (data @ weight.T).astype(np.float32)
+        out = (from_bfloat16(data).astype(np.float64) @ weight.T).astype(np.float32)
+        return self.epilogue.apply(out, inputs)
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        data = gen.uniform(-1.0, 1.0, size=(self.M, self.K)).astype(np.float32)
-        weight = gen.uniform(-1.0, 1.0, size=(self.N, self.K)).astype(np.float32)
-        return {"data": to_bfloat16(data), "weight": weight}
+        inputs = super().make_inputs(gen)
+        if self.data == "bf16":
+            inputs["data"] = to_bfloat16(inputs["data"])
+        return inputs
 
     def describe(self) -> str:
-        return f"bf16 dense {self.M}x{self.K} by {self.K}x{self.N} (fp32 accumulation)"
+        source = "bf16" if self.data == "bf16" else "fp32 rounded to bf16"
+        fused = f", fused {self.epilogue.describe()}" if self.epilogue else ""
+        return (f"bf16 dense {self.M}x{self.K} by {self.K}x{self.N} ({source} data, fp32 "
+                f"accumulation){fused}")

@@ -4,6 +4,7 @@ every x86 host (VNNI where it has it, else vpmaddwd); bf16 kernels skip (with th
 CPUs without AVX-512 BF16."""
 
 import ctypes
+import dataclasses
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, cast, intrinsi
 from schedule_templates.runtime import aligned_empty, build
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
+from schedule_templates.workloads.epilogue import NO_EPILOGUE
 from schedule_templates.workloads.lowp import from_bfloat16, requantize, to_bfloat16
 
 FEATURES = set(host_features().split(","))
@@ -147,6 +149,26 @@ def test_bf16_matches_the_rounded_reference(key, entities):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@needs_bf16
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_rounds_fp32_activations_in_the_kernel(threads):
+    # data=f32: the kernel rounds the rows into its workspace, then a blocked reduction and the
+    # fused epilogue in fp32; the same numbers as the bf16-data kernel on pre-rounded rows
+    entities = {"tile_m": (7, 1, 1), "tile_n": (1, 2, 16), "tile_k": (3, 2, 2),
+                "outer_order": "mn", "inner_order": "nm", "parallel": "mn"}
+    key = "dense_bf16:M=7,N=32,K=24,data=f32,epilogue=scale+bias+residual+relu"
+    out, ref, _ = run(key, entities=entities, threads=threads)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    workload = parse_workload(key)
+    inputs = workload.make_inputs(0)
+    assert inputs["data"].dtype == np.float32
+    plain = dataclasses.replace(workload, data="bf16", epilogue=NO_EPILOGUE)
+    rounded = plain.reference({"data": to_bfloat16(inputs["data"]), "weight": inputs["weight"]})
+    np.testing.assert_allclose(np.maximum(rounded * inputs["scale"] + inputs["bias"]
+                                          + inputs["residual"], 0.0),
+                               workload.reference(inputs), rtol=1e-6, atol=1e-6)
+
+
 @needs_vnni
 @needs_bf16
 @pytest.mark.parametrize("key, instruction", [
@@ -211,6 +233,20 @@ def test_casts_between_element_types(vector):
     np.testing.assert_array_equal(outs[1], from_bfloat16(to_bfloat16(x)))
     np.testing.assert_array_equal(outs[2], np.rint(x * np.float32(100.0)).astype(np.int8))
     np.testing.assert_array_equal(outs[3], outs[2].astype(np.int32) * 2)
+
+
+def test_bfloat16_to_an_integer_gives_its_bits():
+    n = 16
+    src = Buffer("src", (n,))
+    bits = Buffer("bits", (n,), dtype="int32")
+    v, mk = loop("v", n, LoopKind.VECTORIZE)
+    kernel = Kernel("bits", (src, bits), (), (mk(store(bits[v], cast("int32", cast(
+        "bfloat16", src[v])))),))
+    x = aligned_empty(n)
+    x[:] = np.linspace(-3.0, 3.0, n, dtype=np.float32)
+    out = aligned_empty(n, zero=True, dtype=np.int32)
+    run_kernel(kernel, [x, out])
+    np.testing.assert_array_equal(out, to_bfloat16(x).astype(np.int32))
 
 
 def test_fixed_width_intrinsic_outside_a_vector_loop_is_a_clear_error():
