@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from e2e_bf16 import bf16_rows  # noqa: E402
 from e2e_int8 import int8_rows, quantized_model  # noqa: E402
 from e2e_models import ALL_MODELS, BenchModel, ModelUnavailable, kind_of, model_file  # noqa: E402
 from e2e_report import ratios, summary, write_docs  # noqa: E402
@@ -125,6 +126,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows += model_rows(model, tunings[model.name], args)
     if args.int8:  # the same models quantized by onnxruntime's tool (e2e_int8)
         rows += int8_model_rows(models, args)
+    if args.bf16:  # the same models built with --precision bf16 (e2e_bf16)
+        for model in models:
+            with tempfile.TemporaryDirectory(prefix="e2e-bf16-") as tmp:
+                for row in bf16_rows(model, args.threads, args.iterations, Path(tmp),
+                                     args.trials if args.tune else None):
+                    row["ratios"] = ratios(row["engines"])
+                    rows.append(row)
     return rows
 
 
@@ -162,6 +170,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--int8", action="store_true",
                         help="also time each model quantized by onnxruntime's quantize_static "
                              "(QDQ): ours (default configs), onnxruntime and OpenVINO int8")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also each model built with --precision bf16 (default configs) "
+                             "against onnxruntime (fp32) and OpenVINO in bf16")
     parser.add_argument("--exporter", default="torchscript", choices=("torchscript", "dynamo"))
     parser.add_argument("--zoo-python", type=Path, default=ZOO_PYTHON)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -43,7 +43,8 @@ EXPORTERS = ("torchscript", "dynamo")
 PEERS = ("onnxruntime", "openvino")
 CACHE = HERE / ".zoo-cache"
 ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"
-TIMEOUT_S = {"export": 1800, "extract": 600, "build": 3600, "run": 1800, "peer": 900}
+TIMEOUT_S = {"export": 1800, "extract": 600, "build": 3600, "run": 1800, "peer": 900,
+             "tune": 3600}
 
 
 class ZooError(Exception):
@@ -103,10 +104,11 @@ def extract(path: str) -> dict[str, Any]:
             "unsupported": len(data["unsupported"]), "unsupported_reasons": reasons}
 
 
-def build(path: str, out: Path, configs: Path | None = None, threads: int | None = None
-          ) -> dict[str, Any]:
+def build(path: str, out: Path, configs: Path | None = None, threads: int | None = None,
+          precision: str = "fp32") -> dict[str, Any]:
     """``tuner build`` of ``path`` into ``out`` (default configs unless ``configs``)."""
-    command = [*tuner_command(), "build", path, "-o", str(out), "--json"]
+    command = [*tuner_command(), "build", path, "-o", str(out), "--json", "--precision",
+               precision]
     command += ["--configs", str(configs)] if configs is not None else []
     command += ["--threads", str(threads)] if threads is not None else []
     data, error, seconds = call(command, "build")

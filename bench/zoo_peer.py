@@ -2,7 +2,8 @@
 the requested threads and no other runtime's idle pool spins beside it).
 
     python bench/zoo_peer.py ENGINE MODEL.onnx THREADS ITERATIONS
-ENGINE: onnxruntime or openvino. Prints one JSON object (latency statistics, or an error).
+ENGINE: onnxruntime, openvino, or openvino-bf16 (OpenVINO asked to infer in bfloat16, the peer
+of ``tuner build --precision bf16``). Prints one JSON object (latency statistics, or an error).
 Inputs are seeded: floats standard normal, integers in {0, 1}, as ``tuner run`` makes them.
 """
 
@@ -52,7 +53,7 @@ def onnxruntime_fn(path: Path, threads: int) -> Callable[[], Any]:
     return lambda: session.run(None, feeds)
 
 
-def openvino_fn(path: Path, threads: int) -> Callable[[], Any]:
+def openvino_fn(path: Path, threads: int, precision: str = "f32") -> Callable[[], Any]:
     import openvino as ov
 
     core = ov.Core()
@@ -60,7 +61,9 @@ def openvino_fn(path: Path, threads: int) -> Callable[[], Any]:
     # fp32 against fp32: on a CPU with AVX-512 BF16 (Zen 4 here) OpenVINO otherwise runs in bf16
     compiled = core.compile_model(model, "CPU", {
         "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-        "INFERENCE_PRECISION_HINT": "f32"})
+        "INFERENCE_PRECISION_HINT": precision})
+    if compiled.get_property("INFERENCE_PRECISION_HINT") != getattr(ov.Type, precision):
+        raise RuntimeError(f"OpenVINO does not infer in {precision} on this CPU")
     inputs = [(port.any_name, list(port.get_shape()), port.get_element_type().to_dtype())
               for port in compiled.inputs]
     feeds = seeded_feeds(inputs)
@@ -72,7 +75,8 @@ def main() -> None:
     engine, path, threads = sys.argv[1], Path(sys.argv[2]), int(THREADS)
     iterations = int(sys.argv[4]) if len(sys.argv) > 4 else 10
     try:
-        fn = {"onnxruntime": onnxruntime_fn, "openvino": openvino_fn}[engine](path, threads)
+        fn = {"onnxruntime": onnxruntime_fn, "openvino": openvino_fn,
+              "openvino-bf16": lambda p, t: openvino_fn(p, t, "bf16")}[engine](path, threads)
         stats = time_runs(fn, iterations, warmup=1)
     except ImportError as e:
         print(json.dumps({"error": f"{engine} is not installed ({e.name})"}))

@@ -61,20 +61,21 @@ def tune(model: str | Path | bytes, output: str | Path, *, trials_per_task: int 
 
 
 def build(model: str | Path | bytes, configs: str | Path | None, output: str | Path, *,
-          threads: int | None = None, layout: str = "auto") -> Path:
+          threads: int | None = None, layout: str = "auto", precision: str = "fp32") -> Path:
     """Compile every tunable layer with its best config from ``configs`` (``configs.json``
     of ``tune``, ``tuner fetch`` JSON or records; None: template defaults) into
     ``output/libmodel.so`` plus ``output/manifest.json``; returns ``output``. ``threads``:
     the library's default run count (default: the count the configs were tuned at).
     ``layout``: ``nchw``, ``nchwc`` (blocked activations between conv layers) or ``auto``
     (the default: both built and timed once here, the faster kept), as ``tuner build
-    --layout``."""
+    --layout``; ``precision``: ``fp32`` or ``bf16``, as ``tuner build --precision``."""
     from tuner_service.compiler.deploy.configs import ConfigBook, load_configs_file
     from tuner_service.compiler.deploy.layout_choice import build_with_layout
 
     data, _ = read_model(model)
     book = load_configs_file(Path(configs)) if configs is not None else ConfigBook(target="llvm")
-    build_with_layout(data, book, Path(output), "llvm", threads, layout=layout)
+    build_with_layout(data, book, Path(output), "llvm", threads, layout=layout,
+                      precision=precision)
     return Path(output)
 
 

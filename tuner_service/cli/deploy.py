@@ -55,6 +55,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             "(blocked by the host's vector width), auto (build both, time "
                             "them once here, keep the faster; the plain plan alone for "
                             "models without conv layers); default auto")
+    build.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                       help="bf16: dense layers (Gemm, MatMul by a constant) multiply bfloat16 "
+                       "values with fp32 sums, tensors between layers stay fp32 (needs AVX-512 "
+                       "BF16; about 2x on CPUs whose BF16 unit keeps pace with their FMAs, "
+                       "slower on others: see docs/kernels.md); default fp32")
     build.add_argument("--standalone", action="store_true",
                        help="also write OUT/model.program and OUT/model.weights, so that C code "
                        "runs the model through the library alone (docs/native.md)")
@@ -111,7 +116,8 @@ def run_build(args: argparse.Namespace) -> int:
             print("error: --threads must be at least 1", file=sys.stderr)
             return EXIT_BAD_INPUT
         manifest = build_with_layout(data, book, args.output, args.target, args.threads,
-                                     input_shapes(args), layout=args.layout)
+                                     input_shapes(args), layout=args.layout,
+                                     precision=args.precision)
         standalone = _standalone(data, args) if args.standalone else None
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -180,6 +186,9 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "generated_layers": len(manifest.get("generated_layers", [])),
         "generated_kernels": len(manifest.get("generated", [])),
         "int8_kernels": len(manifest.get("int8_kernels", [])),
+        "precision": manifest.get("precision", "fp32"),
+        "bf16_layers": sum(str(layer["workload"]).startswith("dense_bf16:")
+                           for layer in manifest["layers"]),
         "threads": manifest["threads"],
         "tuned_threads": manifest.get("tuned_threads"),
     }

@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     extract.add_argument("model", type=Path, metavar="MODEL.onnx")
     add_input_shape_flag(extract)
+    extract.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                         help="the tasks of a `tuner build --precision` library (bf16: the "
+                         "dense_bf16 keys to tune with `tuner tune KEY`); default fp32")
     extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
     extract.set_defaults(func=run_extract)
 
@@ -72,7 +75,7 @@ def run_extract(args: argparse.Namespace) -> int:
         return EXIT_BAD_MODEL
     try:
         # a path, not bytes: external data files are read from the model's folder
-        result = extract_tasks(args.model, input_shapes(args))
+        result = extract_tasks(args.model, input_shapes(args), precision=args.precision)
     except ModelError as e:
         print(f"error: {args.model}: {e}", file=sys.stderr)
         return EXIT_BAD_MODEL

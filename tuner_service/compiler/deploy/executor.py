@@ -56,6 +56,7 @@ from tuner_service.compiler.frontend.fusion import Layer, node_name, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
 from tuner_service.compiler.frontend.graph import index_graph
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
+from tuner_service.compiler.frontend.precision import PRECISIONS, apply_precision
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 from tuner_service.compiler.frontend.shapes import InputShapes
 
@@ -109,7 +110,7 @@ class ModelRunner:
         self._opsets = model_opsets(proto)
         self._run_seconds = 0.0
         self._shapes = _static_shapes(proto)
-        layers = plan_layers(proto)
+        layers = apply_precision(plan_layers(proto), manifest_precision(library.manifest))
         planned = plan_generated(proto, layers) if library.generated is not None else []
         # the activation layout the library was built with (``deploy.layout``)
         layers, planned = apply_layout(proto, layers, planned, library.manifest.get("layout"))
@@ -306,6 +307,14 @@ def _last_index(layer: Layer, graph: onnx.GraphProto) -> int:
     if len(found) != len(names):
         raise DeployError(f"layer {layer.nodes[0]} names nodes that are not in the graph")
     return max(found)
+
+
+def manifest_precision(manifest: dict[str, Any]) -> str:
+    precision = str(manifest.get("precision", "fp32"))
+    if precision not in PRECISIONS:
+        raise LibraryError(f"the manifest names an unknown precision {precision!r}; rebuild "
+                           "it with tuner build")
+    return precision
 
 
 def _check_plan(layers: Sequence[Layer], manifest: dict[str, Any]) -> None:

@@ -217,7 +217,12 @@ def _fill(buffer: np.ndarray, packed: dict[str, np.ndarray], arg: dict[str, Any]
         got = "nothing" if value is None else f"{value.size} elements"
         raise LibraryError(f"layer {layer.nodes[0]}: kernel argument {arg['name']} needs "
                            f"{size} elements, packing gave {got}")
-    buffer[:size] = np.asarray(value, dtype=np.float32).reshape(-1)
+    value = np.asarray(value)
+    if value.dtype.kind in "iu" and value.dtype.itemsize == 4:
+        # packed words (bf16 pairs): their bits are the argument, not their integer values
+        buffer.view(value.dtype)[:size] = value.reshape(-1)
+        return
+    buffer[:size] = value.astype(np.float32, copy=False).reshape(-1)
 
 
 def _output_shape(onnx_shape: tuple[int, ...] | None, fallback: tuple[int, ...]

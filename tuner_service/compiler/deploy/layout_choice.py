@@ -39,7 +39,7 @@ RUNS = 3
 def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                       target: str = "llvm", threads: int | None = None,
                       input_shapes: InputShapes | None = None, generated: bool = True,
-                      layout: str = "auto") -> dict[str, Any]:
+                      layout: str = "auto", precision: str = "fp32") -> dict[str, Any]:
     """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, timed, the faster kept
     (the plain plan alone where the blocked one would block nothing, where tuned configs are
     used (they are for the plain layout's tasks), or without generated operators)."""
@@ -48,13 +48,14 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
         layout = "nchw"  # blocked plans need the generated transforms
     if layout != "auto":
         return build_library(model, book, out_dir, target, threads, input_shapes, generated,
-                             layout)
+                             layout, precision)
     with tempfile.TemporaryDirectory(prefix="tuner-layout-") as tmp:
         dirs = {mode: Path(tmp) / mode for mode in ("nchw", "nchwc")}
         plain = build_library(model, book, dirs["nchw"], target, threads, input_shapes,
-                              generated, "nchw")
+                              generated, "nchw", precision)
         blocked = None if _uses_tuned_configs(plain) else build_library(
-            model, book, dirs["nchwc"], target, threads, input_shapes, generated, "nchwc")
+            model, book, dirs["nchwc"], target, threads, input_shapes, generated, "nchwc",
+            precision)
         if blocked is None or not _blocks_anything(blocked):
             # tuned configs are for the plain layout's tasks (blocked layers would run
             # template defaults), or nothing would be blocked (no conv layers): keep it plain

@@ -59,6 +59,7 @@ from tuner_service.compiler.deploy.native_build import RUNTIME_LIBS, compile_run
 from tuner_service.compiler.frontend.fusion import Layer, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
+from tuner_service.compiler.frontend.precision import PRECISIONS, apply_precision
 from tuner_service.compiler.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class GeneratedSpec:
 def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
                   target: str = "llvm", threads: int | None = None,
                   input_shapes: InputShapes | None = None, generated: bool = True,
-                  layout: str = "nchw") -> dict[str, Any]:
+                  layout: str = "nchw", precision: str = "fp32") -> dict[str, Any]:
     """Compile, link and describe; returns the manifest (also written to ``out_dir``).
 
     ``threads`` is the library's default run thread count: by default the one the configs
@@ -108,14 +109,16 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     and is recorded in the manifest, so that ``ModelRunner`` pins them the same way.
     ``generated`` compiles the other nodes the generated-operator planner maps (elementwise
     chains, pooling, softmax, ...) into the library too; without it they run in numpy.
-    ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``)."""
+    ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``);
+    ``precision`` ``bf16`` computes the dense layers on bfloat16 products (``precision``)."""
     check_layout(layout, generated)
+    check_build_precision(precision)
     if Target.parse(target).kind != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
     tuned_threads = book.threads
     threads = default_threads(threads, tuned_threads)
     proto = load_model(model, input_shapes)
-    layers = plan_layers(proto)
+    layers = apply_precision(plan_layers(proto), precision)
     entry = layout_entry(layout)
     layers, glayers = apply_layout(proto, layers, plan_generated(proto, layers) if generated
                                    else [], entry)
@@ -150,6 +153,8 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     }
     if entry["mode"] != "nchw":  # absent: plain NCHW (as before layouts existed)
         manifest["layout"] = entry
+    if precision != "fp32":  # absent: every layer as exported
+        manifest["precision"] = precision
     if int8:
         manifest["int8_kernels"] = int8_symbols(int8)
     if generated:  # absent: a runner computes those nodes in numpy (as before they existed)
@@ -157,6 +162,16 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         manifest["generated_layers"] = extra_entries
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def check_build_precision(precision: str) -> None:
+    """BuildError for an unknown precision, or bf16 on a CPU without AVX-512 BF16."""
+    if precision not in PRECISIONS:
+        raise BuildError(f"unknown precision {precision!r}; expected one of "
+                         f"{', '.join(PRECISIONS)}")
+    if precision == "bf16" and "+avx512bf16" not in host_features().split(","):
+        raise BuildError("--precision bf16 needs a CPU with AVX-512 BF16 (vdpbf16ps); this "
+                         f"one ({host_json()['cpu']}) lacks it: build with fp32")
 
 
 def default_threads(requested: int | None, tuned: int | None) -> int:

@@ -27,6 +27,7 @@ from tuner_service.compiler.frontend.fusion import fused_workloads
 from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.matmul import map_gemm, map_matmul
+from tuner_service.compiler.frontend.precision import at_precision, check_precision
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
     int8_layer_workload,
@@ -100,18 +101,20 @@ class ExtractionResult:
 
 
 def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
-                  files: DataFiles | None = None) -> ExtractionResult:
+                  files: DataFiles | None = None, precision: str = "fp32") -> ExtractionResult:
     """Map every tunable node of ``model`` to a workload and merge identical workloads.
 
     ``model``, ``input_shapes`` and ``files`` are as for ``loading.load_model`` (a ``Path``
-    reads external data from the model's folder). CPU-bound (about 0.2 s for ResNet-18 bytes,
-    more for a ModelProto, which must be serialized for onnx's checker); async callers should
+    reads external data from the model's folder); ``precision`` gives the tasks of a library
+    built at that precision (``precision.at_precision``). CPU-bound (about 0.2 s for ResNet-18
+    bytes, more for a ModelProto, which must be serialized for onnx's checker); async callers should
     run it in a worker thread.
 
     Raises ModelError if ``model`` is not a valid ONNX model whose shapes can be inferred
     (external data only from its folder or ``files``), or if it has tunable layers and every
     one of them has absurd dimensions.
     """
+    check_precision(precision)
     proto = load_model(model, input_shapes, files)
     graph = index_graph(proto.graph)
     fused = fused_workloads(proto, graph)
@@ -126,7 +129,7 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
             unsupported.append(outcome)
             rejected += outcome.reason.startswith(_INVALID_PREFIX)
         elif outcome is not None:
-            outcome = fused.get(index, outcome)
+            outcome = at_precision(fused.get(index, outcome), precision)
             variants = found.setdefault(outcome.base_key, {})
             variants.setdefault(outcome.key, (outcome, []))[1].append(name)
     unsupported.extend(_nested_unsupported(proto.graph))

@@ -1,0 +1,109 @@
+"""``tuner build --precision bf16``: dense layers on bfloat16 products, fp32 between layers.
+
+Which layers are cast is decided from shapes alone (tested everywhere); building and running
+needs AVX-512 BF16 and skips, with the reason, on CPUs without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schedule_templates.codegen.llvm_jit import host_features
+from schedule_templates.workloads import parse_workload
+from tests.deploy.conftest import onnxruntime_outputs
+from tuner_service.cli.main import main
+from tuner_service.compiler.deploy import library as library_module
+from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.errors import BuildError, LibraryError
+from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.library import build_library
+from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.frontend.errors import ModelError
+from tuner_service.compiler.frontend.precision import at_precision
+from tuner_service.compiler.frontend.samples import build_sample_model, sample_model_bytes
+
+needs_bf16 = pytest.mark.skipif("+avx512bf16" not in host_features().split(","),
+                                reason="this CPU lacks AVX-512 BF16 (vdpbf16ps)")
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("dense:M=128,N=768,K=768,epilogue=bias+gelu",
+     "dense_bf16:M=128,N=768,K=768,data=f32,epilogue=bias+gelu"),
+    ("dense:M=1,N=32,K=64", "dense_bf16:M=1,N=32,K=64,data=f32"),
+    ("dense:M=1,N=1000,K=512,epilogue=bias", None),  # N not whole 16-lane registers
+    ("dense:M=4,N=32,K=7", None),  # K not whole pairs
+    ("batch_matmul:B=12,M=128,N=128,K=64", None),  # two activations: no bf16 template yet
+    ("conv2d:N=1,C=8,H=6,W=6,K=16,R=3,S=3,pad=1", None),
+])
+def test_which_layers_bf16_casts(key: str, expected: str | None) -> None:
+    workload = parse_workload(key)
+    assert at_precision(workload, "fp32") is workload
+    assert at_precision(workload, "bf16").key == (expected or key)
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    with pytest.raises(ModelError, match="unknown precision 'fp8'"):
+        at_precision(parse_workload("dense:M=1,N=32,K=64"), "fp8")
+    with pytest.raises(BuildError, match="unknown precision 'fp8'"):
+        build_library(sample_model_bytes("bert_block"), ConfigBook(), Path("unused"),
+                      precision="fp8")
+
+
+def test_bf16_is_refused_on_a_cpu_without_the_instructions(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.setattr(library_module, "host_features", lambda: "+avx512f,-avx512bf16")
+    with pytest.raises(BuildError, match="needs a CPU with AVX-512 BF16"):
+        build_library(sample_model_bytes("bert_block"), ConfigBook(), tmp_path / "lib",
+                      precision="bf16")
+    assert not (tmp_path / "lib").exists()
+
+
+@needs_bf16
+def test_bf16_bert_block_is_close_to_fp32_and_really_bf16(tmp_path: Path) -> None:
+    model = build_sample_model("bert_block")
+    manifest = build_library(model, ConfigBook(), tmp_path / "lib", precision="bf16")
+    assert manifest["precision"] == "bf16"
+    ops = [parse_workload(layer["workload"]) for layer in manifest["layers"]]
+    dense = [w for w in ops if w.op == "dense_bf16"]
+    assert len(dense) == 6 and all(w.data == "f32" for w in dense)  # type: ignore[attr-defined]
+    assert {w.op for w in ops} == {"dense_bf16", "batch_matmul"}
+    assert any(w.epilogue_spec.activation is not None for w in dense)  # GELU stays fused
+    for threads in (1, 2):
+        runner = ModelRunner(model, KernelLibrary(tmp_path / "lib"), threads)
+        feeds = runner.random_feeds(0)
+        ours, expected = runner.run(feeds), onnxruntime_outputs(model, feeds)
+        for name, want in expected.items():
+            error = float(np.max(np.abs(ours[name] - want))) / float(np.max(np.abs(want)))
+            # bf16 keeps 8 bits of mantissa: well off fp32's 1e-6, well within 1e-2
+            assert 1e-5 < error < 1e-2, (name, error)
+
+
+@needs_bf16
+def test_cli_builds_bf16_and_runs_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    model = tmp_path / "bert.onnx"
+    model.write_bytes(sample_model_bytes("bert_block"))
+    out = tmp_path / "lib"
+    assert main(["build", str(model), "-o", str(out), "--precision", "bf16", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["precision"] == "bf16" and summary["bf16_layers"] == 6
+    assert main(["run", str(model), "--library", str(out), "--iterations", "2", "--check",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 0 < report["check"]["max_rel_error"] < 1e-2
+
+
+def test_a_library_naming_an_unknown_precision_is_refused(tmp_path: Path) -> None:
+    model = build_sample_model("bert_block")
+    build_library(model, ConfigBook(), tmp_path / "lib")
+    manifest_path = tmp_path / "lib" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert "precision" not in manifest  # fp32 builds are as before
+    manifest["precision"] = "fp8"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(LibraryError, match="unknown precision 'fp8'"):
+        ModelRunner(model, KernelLibrary(tmp_path / "lib"), 1)

@@ -1,0 +1,51 @@
+"""Compute precision of a model's tunable layers: ``fp32`` (as exported) or ``bf16``.
+
+With ``bf16`` every ``dense`` layer (a Gemm or MatMul with a constant weight) whose shape the
+bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with ``data=f32``:
+the same inputs, fused epilogue and fp32 output, the products on bfloat16 values summed in fp32
+(weights rounded once at pack time, activations inside the kernel). Tensors between layers stay
+fp32, so nothing else in the plan changes. Other layers keep fp32; ``bf16_layers`` says which
+were cast. It is a choice of the user's (``tuner build --precision bf16``): the error it brings
+(about 3 significant digits per product) is what bf16 inference accepts, and whether it is
+faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from schedule_templates.workloads import DenseBf16, Workload
+from tuner_service.compiler.frontend.errors import ModelError
+from tuner_service.compiler.frontend.fusion import Layer
+
+PRECISIONS = ("fp32", "bf16")
+_LANES = 16  # the bf16 template's register width in columns
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ModelError(f"unknown precision {precision!r}; expected one of "
+                         f"{', '.join(PRECISIONS)}")
+
+
+def at_precision(workload: Workload, precision: str) -> Workload:
+    """The workload that computes ``workload``'s layer at ``precision`` (itself where that
+    precision has no template for it)."""
+    check_precision(precision)
+    if precision == "fp32" or workload.op != "dense":
+        return workload
+    m, n, k = (getattr(workload, name) for name in ("M", "N", "K"))
+    if n % _LANES or k % 2:
+        return workload
+    return DenseBf16(M=m, N=n, K=k, data="f32", epilogue=workload.epilogue_spec)
+
+
+def apply_precision(layers: Sequence[Layer], precision: str) -> list[Layer]:
+    """``layers`` with each workload at ``precision`` (``at_precision``)."""
+    return [dataclasses.replace(layer, workload=at_precision(layer.workload, precision))
+            for layer in layers]
+
+
+def bf16_layers(layers: Sequence[Layer]) -> int:
+    return sum(layer.workload.op == "dense_bf16" for layer in layers)
