@@ -139,3 +139,15 @@ def test_a_report_is_walked_once_and_nested_bad_values_are_still_refused(
     with pytest.raises(RequestValidationError) as refused:
         wire.validate(worker_schemas.ResultsIn, {"results": [{**result, "x": "a\x00"}]})
     assert "results[0].x" in str(refused.value.errors())
+
+
+@pytest.mark.parametrize("cost", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_non_finite_cost_is_refused_for_what_it_is(worker: FakeWorker, cost: bytes) -> None:
+    """The result alone is refused, and its reason says why: its costs were not finite (the
+    clean-up ran twice and the second pass, seeing the emptied costs, said none were given)."""
+    body = b'{"results": [{"measure_id": 5, "costs": [' + cost + b']}]}'
+    answer = _post(worker, "results", body, "application/json")
+    assert answer.status_code == 200, answer.text  # type: ignore[attr-defined]
+    statuses = answer.json()["statuses"]  # type: ignore[attr-defined]
+    assert statuses == [{"measure_id": 5, "status": "rejected",
+                         "reason": "costs must be positive finite seconds"}]

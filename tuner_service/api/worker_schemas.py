@@ -150,12 +150,20 @@ def device_context(name: str, value: Any) -> Any:
     return float(value) if ok and 0 <= value <= 1e6 else None
 
 
+class _Cleaned(dict[str, Any]):
+    """A result ``clean_result`` has cleaned: a second pass leaves it as it is (a decoded body
+    holds plain dicts only, so a client cannot send one)."""
+
+
 def clean_result(data: Any) -> Any:
     """A worker's error text and peak are context: a NUL or a NaN there is cleaned, not refused
-    (refusing would cost the measurement). Runs before the shared checks of ``Body``."""
-    if not isinstance(data, dict):
+    (refusing would cost the measurement). Runs before the shared checks of ``Body``: on the
+    results of a ``ResultsIn`` (whose walk would refuse a NaN) and again on each ``ResultIn``,
+    where a result cleaned once is passed through; cleaning it twice lost why its costs were
+    refused (``invalid`` was reset once its NaN costs had been emptied)."""
+    if not isinstance(data, dict) or isinstance(data, _Cleaned):
         return data
-    data = dict(data)
+    data = _Cleaned(data)
     message = data.get("error_message")
     if isinstance(message, str):
         data["error_message"] = message.replace("\x00", "").encode(
