@@ -97,7 +97,7 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
     snapshot until it ends."""
     data, name = read_model(model)
     output = Path(output)
-    settings = _embedded_settings(output, options.port)
+    settings = _embedded_settings(output, options.port, len(data))
     workers = options.workers
     if workers.max_idle_s is None:
         workers = dataclasses.replace(workers, max_idle_s=WORKER_IDLE_S)
@@ -123,13 +123,16 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
     return TuneResult(job_id, output, configs, records, final, origin, unsupported, pushed)
 
 
-def _embedded_settings(output: Path, port: int) -> Any:
+def _embedded_settings(output: Path, port: int, model_bytes: int = 0) -> Any:
     from tuner_service.settings import get_settings
 
+    settings = get_settings()
     database = f"sqlite:///{(output / 'tuner.db').resolve()}"
-    # the embedded database always: TUNER_DATABASE_URL names a shared server's database
-    return get_settings().with_overrides(data_dir=output, database_url=database,
-                                         host="127.0.0.1", port=port)
+    # the embedded database always: TUNER_DATABASE_URL names a shared server's database; the
+    # upload limit guards a shared server, not this process's own model (BERT-base is 440 MB)
+    return settings.with_overrides(data_dir=output, database_url=database, host="127.0.0.1",
+                                   port=port, max_upload_bytes=max(settings.max_upload_bytes,
+                                                                   model_bytes + (1 << 20)))
 
 
 def _find_or_create(client: ServiceClient, model_id: int, options: TuneOptions
