@@ -193,10 +193,15 @@ def summary(stats: LoadStats, workers: int, duration_s: float) -> dict[str, Any]
         return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1e3, 2)
 
     items = sum(stats.claimed.values())
+    depth = sorted(n for _t, n in stats.queued)
     return {
         "workers": workers, "duration_s": duration_s,
         "claims": stats.claims, "empty_claims": stats.empty_claims,
         "empty_claims_while_queued": stats.empty_while_queued() if stats.queued else None,
+        # the queue's depth as sampled: how far the job driver keeps ahead of the claims
+        "queued_p10": depth[len(depth) // 10] if depth else None,
+        "queued_p50": depth[len(depth) // 2] if depth else None,
+        "queued_at_zero": round(sum(1 for n in depth if n == 0) / len(depth), 3) if depth else None,
         "items_claimed": items,
         "claims_per_s": round(stats.claims / duration_s, 1),
         "items_per_s": round(items / duration_s, 1),

@@ -5,7 +5,9 @@ step) drives it, so several server processes can share one database. The strateg
 tuners and the task scheduler; this loop only leases, records and hands out.
 
 Candidates are proposed ahead of the workers: a job keeps in flight what its live workers hold
-plus ``queue_ahead_s`` seconds of work at the rate its results arrive. When fewer than half of
+plus ``queue_ahead_s`` seconds of work at the rate its results arrive, and at least what its
+live workers last asked for in a claim (``note_claim``: known at once, while the rate of results
+takes seconds to grow when many workers arrive together). When fewer than half of
 those are still queued, a step queues new candidates from the models the tuners have *before*
 it refits them on the new results, so claims keep finding work while a refit runs; refits are
 paced (``JobRun.learn``) so one step never spends more than ``LEARN_BUDGET_S`` on them.
@@ -19,6 +21,7 @@ import math
 import os
 import socket
 import threading
+import time
 import uuid
 
 from sqlalchemy import or_, update
@@ -32,7 +35,7 @@ from tuner_service.db.models import Job
 from tuner_service.db.states import JOB_ACTIVE, JobStatus, MeasurementState
 from tuner_service.errors import TunerServiceError
 from tuner_service.jobs.confirm import ConfirmPolicy
-from tuner_service.jobs.queue import live_workers, requeue_expired
+from tuner_service.jobs.queue import live_worker_ids, requeue_expired
 from tuner_service.jobs.run import JobRun, Observed
 from tuner_service.jobs.scheduler import make_scheduler
 from tuner_service.settings import Settings
@@ -77,6 +80,9 @@ class JobDriver:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        #: worker id -> (items its latest claim to this process asked for, when: monotonic s)
+        self._asked: dict[int, tuple[int, float]] = {}
+        self._asked_lock = threading.Lock()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="job-driver", daemon=True)
@@ -92,6 +98,14 @@ class JobDriver:
     def wake(self) -> None:
         """Run a step soon (new results or a new job arrived)."""
         self._wake.set()
+
+    def note_claim(self, worker_id: int, asked: int, got: int) -> None:
+        """A worker's claim asked for ``asked`` items and got ``got``: its jobs keep at least
+        that many queued for it, and a short answer refills the queue now."""
+        with self._asked_lock:
+            self._asked[worker_id] = (asked, time.monotonic())
+        if got < asked:
+            self.wake()
 
     def _loop(self) -> None:
         logger.info("job driver %s started", self.owner)
@@ -113,11 +127,18 @@ class JobDriver:
         with self.db.session() as session:
             requeue_expired(session, self.settings.max_attempts)
         owned = self._acquire()
+        self._forget_claims(time.monotonic() - self.settings.lease_s)
         for job_id in set(self._runs) - owned:
             logger.info("job %d: no longer driven by %s", job_id, self.owner)
             self._runs.pop(job_id, None)
         for job_id in sorted(owned):
             self._drive(job_id)
+
+    def _forget_claims(self, before: float) -> None:
+        """Workers that have not claimed here since ``before`` no longer size the queues."""
+        with self._asked_lock:
+            for worker_id in [w for w, (_n, at) in self._asked.items() if at < before]:
+                del self._asked[worker_id]
 
     def _acquire(self) -> set[int]:
         lease = (Job.driver_owner.is_(None), Job.driver_owner == self.owner,
@@ -182,15 +203,18 @@ class JobDriver:
             return run, observed, self._queue_depth(session, job, run)
 
     def _queue_depth(self, session: Session, job: Job, run: JobRun) -> Depth:
-        """At least ``queue_depth``; more for more live workers; and what the workers lease
-        plus ``queue_ahead_s`` of work at the rate results arrive."""
+        """At least ``queue_depth``; else what the workers lease plus, queued, the more of
+        ``queue_ahead_s`` of work at the rate results arrive and one more claim of each live
+        worker (what it last asked for here, at least ``queue_per_worker``)."""
         settings = self.settings
         flight = run.in_flight(session)
         ahead = math.ceil(run.finish_rate * settings.queue_ahead_s)
-        demand = flight.get(MeasurementState.LEASED, 0) + ahead if ahead else 0
         if settings.queue_per_worker:
-            live = live_workers(session, job.target, job.device_key, settings.lease_s)
-            demand = max(demand, settings.queue_per_worker * live)
+            live = live_worker_ids(session, job.target, job.device_key, settings.lease_s)
+            with self._asked_lock:
+                asked = [self._asked.get(w, (0, 0.0))[0] for w in live]
+            ahead = max(ahead, sum(max(settings.queue_per_worker, n) for n in asked))
+        demand = flight.get(MeasurementState.LEASED, 0) + ahead if ahead else 0
         queued = flight.get(MeasurementState.QUEUED, 0)
         return Depth(max(settings.queue_depth, demand), demand, queued)
 

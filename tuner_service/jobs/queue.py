@@ -48,11 +48,12 @@ def touch_worker(session: Session, worker_id: int) -> None:
 
 def serving_workers(session: Session, target: str, device_key: str | None,
                     window_s: float | None = None) -> list[Any]:
-    """(target, hardware) of the workers that can serve a job on this target and device key
+    """(target, hardware, id) of the workers that can serve a job on this target and device key
     (``Target.serves``; a job without a device key is served by any worker of its target),
     seen within ``window_s`` (database clock) when given; the latest seen first."""
     job = Target.parse(target)
-    query = (select(Worker.target, Worker.hardware).where(Worker.target.startswith(job.kind))
+    query = (select(Worker.target, Worker.hardware, Worker.id)
+             .where(Worker.target.startswith(job.kind))
              .order_by(Worker.last_heartbeat.desc().nulls_last(), Worker.id.desc()))
     if window_s is not None:
         query = query.where(Worker.last_heartbeat >= utcnow_plus(-window_s))
@@ -64,6 +65,12 @@ def serving_workers(session: Session, target: str, device_key: str | None,
 def live_workers(session: Session, target: str, device_key: str | None, window_s: float) -> int:
     """How many ``serving_workers`` were seen within ``window_s``."""
     return len(serving_workers(session, target, device_key, window_s))
+
+
+def live_worker_ids(session: Session, target: str, device_key: str | None, window_s: float
+                    ) -> list[int]:
+    """The ids of the ``serving_workers`` seen within ``window_s``."""
+    return [int(row.id) for row in serving_workers(session, target, device_key, window_s)]
 
 
 def claim(session: Session, worker: Worker, max_items: int, lease_s: float) -> list[int]:

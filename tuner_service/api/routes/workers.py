@@ -92,8 +92,8 @@ async def post_claim(request: Request, worker_id: WorkerId) -> Response:
     while True:
         items = await run_in_threadpool(queue.claim_batch, state.db, worker, max_items,
                                         settings.lease_s, options)
-        if len(items) < max_items and state.driver is not None:
-            state.driver.wake()  # the queue ran short: refill it now, not at the next interval
+        if state.driver is not None:  # a short answer refills the queue now, not later
+            state.driver.note_claim(worker.id, max_items, len(items))
         left = deadline - time.monotonic()
         if items or left <= 0:
             return json_response({"items": [item.to_json() for item in items]})  # ClaimAnswer
