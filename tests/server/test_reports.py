@@ -64,7 +64,9 @@ def test_a_report_costs_the_same_statements_whatever_its_size(settings: Settings
                                           [Report(i, _result(i)) for i in batch])
         assert answer["accepted"] == batch
         counts.append(len(seen))
-    assert counts[0] == counts[1] <= 8, counts  # worker, lock, update, 2 task updates
+    # the worker read, its heartbeat, the row lock, the update, 2 task updates (and SQLite's
+    # BEGIN); none for results outside any job when there are none
+    assert counts[0] == counts[1] <= 7, counts
     with db.session() as session:
         done = session.scalar(select(JobTask.trials_done))
         best = session.execute(select(JobTask.best_cost, JobTask.best_measurement_id)).one()

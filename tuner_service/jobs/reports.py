@@ -16,16 +16,17 @@ update.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, or_, select, update
+from sqlalchemy import Table, Update, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from schedule_templates.protocol import Report
 from schedule_templates.records import MeasureResult
-from tuner_service.db.bulk import ids_in
+from tuner_service.db.bulk import ids_in, json_rows
 from tuner_service.db.clock import utcnow
 from tuner_service.db.models import JobTask, Measurement
 from tuner_service.db.states import MeasurementState, ReportStatus
@@ -110,18 +111,34 @@ def _judge(row: _Row | None, worker_id: int, device_key: str) -> tuple[ReportSta
     return ReportStatus.NOT_LEASED_BY_YOU, NOT_LEASED
 
 
-def _finish(session: Session, worker_id: int, accepted: Sequence[Report]) -> None:
-    """One UPDATE statement executed for every accepted result (executemany)."""
+#: the result columns a report writes (``_finish``)
+_RESULT_COLUMNS = ("costs", "mean_cost", "error_kind", "error_message", "compile_time_s",
+                   "wall_time_s", "peak_gflops", "device_class", "threads", "noisy", "load",
+                   "timings")
+
+
+@functools.lru_cache(maxsize=4)
+def _finish_statement(postgres: bool) -> Update:
+    """The UPDATE that finishes accepted results, built once (the worker is bound). On
+    PostgreSQL one statement for the whole batch, its rows joined from one JSON parameter
+    (the rows are locked already, by ``_lock_rows``); elsewhere one execution per result."""
     table = cast(Table, Measurement.__table__)
-    columns = ("costs", "mean_cost", "error_kind", "error_message", "compile_time_s",
-               "wall_time_s", "peak_gflops", "device_class", "threads", "noisy", "load",
-               "timings")
-    stmt = (update(table)
-            .where(table.c.id == bindparam("m_id"), table.c.state == MeasurementState.LEASED,
-                   table.c.lease_owner == worker_id)
-            .values(state=MeasurementState.DONE, worker_id=worker_id, finished_at=utcnow(),
-                    lease_owner=None, lease_expires_at=None,
-                    **{c: bindparam(f"m_{c}") for c in columns}))
+    if postgres:
+        rows = json_rows(table, ("id", *_RESULT_COLUMNS), "m_rows")
+        key, values = rows.c.id, {c: rows.c[c] for c in _RESULT_COLUMNS}
+    else:
+        key, values = bindparam("m_id"), {c: bindparam(f"m_{c}") for c in _RESULT_COLUMNS}
+    worker = bindparam("m_worker", type_=table.c.worker_id.type)
+    return (update(table)
+            .where(table.c.id == key, table.c.state == MeasurementState.LEASED,
+                   table.c.lease_owner == worker)
+            .values(state=MeasurementState.DONE, worker_id=worker, finished_at=utcnow(),
+                    lease_owner=None, lease_expires_at=None, **values))
+
+
+def _finish(session: Session, worker_id: int, accepted: Sequence[Report]) -> None:
+    """The accepted results stored: one statement (``_finish_statement``)."""
+    postgres = session.get_bind().dialect.name == "postgresql"
     params = []
     for item in accepted:
         result, ok = item.result, item.result.ok
@@ -134,8 +151,12 @@ def _finish(session: Session, worker_id: int, accepted: Sequence[Report]) -> Non
             "noisy": result.noisy if ok else None, "load": result.load,
             "timings": dict(item.timings) if item.timings else None,
         }
-        params.append({f"m_{k}": v for k, v in values.items()})
-    session.execute(stmt, params)
+        params.append(values if postgres else {f"m_{k}": v for k, v in values.items()})
+    if postgres:
+        session.execute(_finish_statement(True), {"m_rows": params, "m_worker": worker_id})
+    else:
+        session.execute(_finish_statement(False),
+                        [{**values, "m_worker": worker_id} for values in params])
 
 
 def _count_trials(session: Session, done: Iterable[tuple[_Row, MeasureResult]]) -> None:
@@ -168,6 +189,9 @@ def _count_trials(session: Session, done: Iterable[tuple[_Row, MeasureResult]]) 
 
 
 def _log_unattached(session: Session, ids: Sequence[int]) -> None:
-    """Results of measurements outside any job go to the shared log at once (rare)."""
+    """Results of measurements outside any job go to the shared log at once (rare: most
+    reports have none, and then no statement is sent)."""
+    if not ids:
+        return
     for measurement in session.scalars(select(Measurement).where(Measurement.id.in_(ids))):
         update_tuning_log(session, measurement, job_id=None)
