@@ -125,3 +125,24 @@ def test_a_value_the_database_refuses_is_invalid_input_not_unavailable(
 def test_timestamps_out_of_range_are_refused(value: dt.datetime) -> None:
     with pytest.raises(ValueError, match="out of range"):
         bounded_utc(value)
+
+
+def test_a_pooled_connection_the_database_dropped_is_replaced(
+        migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: a connection idle in the pool is pinged before use and replaced when the
+    server closed it (as after a restart), so the next transaction works."""
+    if not migrated_url.startswith("postgresql"):
+        pytest.skip("pinging pooled connections is PostgreSQL's")
+    from tuner_service.db import engine
+
+    monkeypatch.setattr(engine, "PING_IDLE_S", 0.0)  # every pooled connection counts as idle
+    db = Database(migrated_url)
+    try:
+        with db.session() as session:
+            pid = session.scalar(text("SELECT pg_backend_pid()"))
+        with Database(migrated_url).session() as other:  # the database drops that connection
+            assert other.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with db.session() as session:
+            assert session.scalar(text("SELECT pg_backend_pid()")) != pid
+    finally:
+        db.dispose()

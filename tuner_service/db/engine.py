@@ -26,6 +26,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     DataError,
+    DisconnectionError,
     IntegrityError,
     OperationalError,
     SQLAlchemyError,
@@ -45,6 +46,10 @@ _RETRYABLE = ("40P01", "40001")
 DEFAULT_BUSY_TIMEOUT_S = 10.0
 #: execution option that marks a SQLite connection's transactions as deferred reads
 _READ = "tuner_read"
+#: a pooled PostgreSQL connection unused this long is pinged before use (``_ping_when_idle``)
+PING_IDLE_S = 1.0
+#: where a pooled connection's record keeps when it was returned to the pool
+_IDLE_SINCE = "tuner_idle_since"
 def _json(value: Any) -> str:
     """JSON columns hold standard JSON only: NaN or Infinity would be stored by SQLite as text
     that no strict reader (our own import included) accepts, and PostgreSQL refuses them."""
@@ -68,11 +73,37 @@ def make_engine(url: str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url, parsed.database, busy_timeout_s, pool_size)
-    # pre-ping lets the pool recover by itself after a database restart. At most 40
-    # connections, as many kept open as a busy server uses at once: a connection opened for
-    # a burst and closed on return (overflow) costs PostgreSQL a new backend process each time
-    return create_engine(url, pool_pre_ping=True, pool_size=max(pool_size, 32),
-                         max_overflow=8, pool_timeout=busy_timeout_s, json_serializer=_json)
+    # At most 40 connections, as many kept open as a busy server uses at once: a connection
+    # opened for a burst and closed on return (overflow) costs PostgreSQL a new backend
+    # process each time. Last in, first out: a busy server cycles through the few it needs.
+    engine = create_engine(url, pool_size=max(pool_size, 32), max_overflow=8, pool_use_lifo=True,
+                           pool_timeout=busy_timeout_s, json_serializer=_json)
+    _ping_when_idle(engine, PING_IDLE_S)
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection before use when it sat unused for ``idle_s`` or more, and
+    replace it if the ping fails: the pool recovers by itself after a database restart.
+    SQLAlchemy's ``pool_pre_ping`` pings before every use, a round trip more per transaction
+    (a claim is one statement); a connection in use moments ago needs none, and should the
+    database have gone meanwhile, the first statement's disconnect error makes the pool
+    replace every older connection."""
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get(_IDLE_SINCE)
+        if since is None or time.monotonic() - since < idle_s:
+            return  # new, or in use moments ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as e:  # the pool opens a new connection and tries again
+            raise DisconnectionError(f"stale pooled connection: {e}") from e
+        if not alive:
+            raise DisconnectionError("stale pooled connection")
 
 
 def _sqlite_engine(url: str, path: str | None, busy_timeout_s: float, pool_size: int
