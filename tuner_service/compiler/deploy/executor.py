@@ -186,7 +186,8 @@ class ModelRunner:
         if (node.domain == INT8_DOMAIN or is_glue(node)) and not constant:  # its int8 kernel
             kernel = int8_kernel_for(self.library.int8_kernels, self.library.manifest, name)
             if isinstance(kernel, LoadedGenerated):
-                glue = QuantGlueStep(kernel, node, info, self.threads)
+                glue = QuantGlueStep(kernel, node, info, self.constants,
+                                     self._shapes.get(node.output[0]), self.threads)
                 self.steps.append(glue)
                 self.int8_glue_steps.append(glue)
                 return
@@ -268,6 +269,8 @@ def _step_kind(step: Any) -> str:
 
 
 def _step_name(step: Any) -> str:
+    if isinstance(step, QuantGlueStep):
+        return f"{step.layer} [int8 glue {step.op.kind}]"
     if isinstance(step, GeneratedStep):
         return f"{step.layer} [generated {step.op.kind}]"
     if isinstance(step, KernelStep):

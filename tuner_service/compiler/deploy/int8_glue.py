@@ -14,9 +14,9 @@ vector or a scalar, shapes not known at build time) stays a numpy step.
 
 from __future__ import annotations
 
-import ctypes
+import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import onnx
@@ -30,14 +30,15 @@ from schedule_templates.ops.quant import (
 )
 from schedule_templates.runtime import NUMPY_DTYPES, aligned_empty
 from tuner_service.compiler.deploy.errors import LibraryError
+from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep
 from tuner_service.compiler.deploy.node import NodeInfo
-from tuner_service.compiler.frontend.fusion import node_name
+from tuner_service.compiler.frontend.fusion import Layer, node_name
 from tuner_service.compiler.frontend.quantized_glue import INT8_ADD, INT8_MUL
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 from tuner_service.compiler.frontend.quantized_table import INT8_TABLE
 
 if TYPE_CHECKING:  # loader imports library, which imports int8_step, which imports this
-    from tuner_service.compiler.deploy.loader import LoadedGenerated
+    from tuner_service.compiler.deploy.loader import LoadedGenerated, LoadedKernel
 
 #: ONNX element types -> the IR's names, for the tensors the glue reads and writes
 _TYPES: dict[int, str] = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8",
@@ -162,37 +163,47 @@ def _scalar(constants: Mapping[str, onnx.TensorProto], name: str) -> np.ndarray 
     return value.reshape(()) if value.size == 1 else None
 
 
-class QuantGlueStep:
+class QuantGlueStep(KernelStep):
     """A glue node run by its generated kernel: its 8-bit or fp32 inputs read by pointer (a
-    constant one, such as a bias, converted once), the result in an output buffer of its
-    own, shaped as its input of the output's size."""
+    constant one, such as a bias, copied once behind a fixed pointer), the result in a typed
+    output buffer shaped as the node's output. A ``KernelStep`` of typed arguments, so the
+    native program runs it between the kernels around it."""
 
     def __init__(self, kernel: LoadedGenerated, node: onnx.NodeProto, info: NodeInfo,
+                 constants: Mapping[str, np.ndarray], shape: tuple[int, ...] | None,
                  threads: int) -> None:
         op = kernel.op
         if not isinstance(op, QuantizedBinary | QuantizedTable | Quantize | Dequantize):
             raise LibraryError(f"{node.op_type} {info.name}: its kernel is a {op.kind}, not "
                                "a quantization glue operator")
-        self.kernel, self.node, self.info, self.op = kernel, node, info, op
-        self.layer = info.name
-        dtypes = op.input_dtypes()
-        self.inputs = list(node.input[:len(dtypes)])
-        self.outputs = [node.output[0]]
-        self._dtypes = [NUMPY_DTYPES[d] for d in dtypes.values()]
-        self._sizes = [shape[0] for shape in op.input_shapes().values()]
-        #: the input whose shape the output takes (a broadcast operand is smaller)
-        self._shaped = self._sizes.index(op.size)
+        self.node, self.info, self.op = node, info, op
+        args = []
+        for name, dtype, (size,) in zip(node.input, op.input_dtypes().values(),
+                                        op.input_shapes().values(), strict=False):
+            typed = np.dtype(NUMPY_DTYPES[dtype])
+            if name in constants:
+                value = np.asarray(constants[name])
+                if value.size != size:
+                    raise LibraryError(f"{node.op_type} {info.name}: constant {name} has "
+                                       f"{value.size} elements, the kernel expects {size}")
+                buffer = aligned_empty(size, zero=True, dtype=NUMPY_DTYPES[dtype])
+                buffer[:] = value.reshape(-1)
+                args.append(BoundArg(ArgKind.FIXED, buffer, None, size, typed))
+            else:
+                args.append(BoundArg(ArgKind.ACTIVATION, None, name, size, typed))
         out = "float32" if isinstance(op, Dequantize) else op.out_dtype
-        self._out = aligned_empty(op.size, zero=True, dtype=NUMPY_DTYPES[out])
-        self._threads = ctypes.c_int64(max(1, threads))
+        args.append(BoundArg(ArgKind.OUTPUT, aligned_empty(op.size, zero=True,
+                                                           dtype=NUMPY_DTYPES[out]),
+                             node.output[0], op.size, np.dtype(NUMPY_DTYPES[out])))
+        if shape is None or int(np.prod(shape, dtype=np.int64)) != op.size:
+            shape = (op.size,)
+        layer = cast(Layer, _GlueLayer((info.name,), node.output[0]))
+        super().__init__(cast("LoadedKernel", kernel), layer, args, shape, max(1, threads))
 
-    def __call__(self, env: dict[str, np.ndarray]) -> None:
-        arrays = [np.ascontiguousarray(env[name], dtype=dtype)
-                  for name, dtype in zip(self.inputs, self._dtypes, strict=True)]
-        if [a.size for a in arrays] != self._sizes:
-            raise LibraryError(f"{self.node.op_type} {self.layer}: inputs of "
-                               f"{[a.size for a in arrays]} elements, the kernel was built for "
-                               f"{self._sizes}")
-        self.kernel.function(*(a.ctypes.data for a in arrays), self._out.ctypes.data,
-                             self._threads)
-        env[self.outputs[0]] = self._out.reshape(arrays[self._shaped].shape)
+
+@dataclasses.dataclass(frozen=True)
+class _GlueLayer:
+    """What ``KernelStep`` reads of a layer: its first node's name and its output."""
+
+    nodes: tuple[str, ...]
+    output: str

@@ -3,8 +3,9 @@
 
 The manifest lists them under ``int8_kernels`` (same fields as ``kernels``), apart from the
 fp32 layer plan: their buffers are typed (uint8 activations, int32 packed weights, uint8/int8
-or fp32 outputs), so they run as steps of their own, between the native fp32 segments, reading
-the uint8 activation by pointer and writing a typed output buffer of their own. A node without
+or fp32 outputs). Each runs as a ``KernelStep`` of typed arguments, reading the uint8
+activation by pointer and writing a typed output that the native program plans in the
+activation arena like any other (``native``). A node without
 a kernel (no template for its workload yet, e.g. ``conv2d_int8``, or a library built before
 int8 kernels existed) runs the numpy int8 reference (``ops_quant``), reported at load.
 
@@ -15,23 +16,24 @@ workload.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
 
 from schedule_templates.errors import ScheduleError
 from schedule_templates.ir.nodes import Buffer
-from schedule_templates.runtime import buffer_array, lower
+from schedule_templates.runtime import NUMPY_DTYPES, buffer_array, lower
 from schedule_templates.templates.base import get_template
 from tuner_service.compiler.deploy.configs import Choice, ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.int8_glue import glue_ops
+from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep
 from tuner_service.compiler.deploy.node import NodeInfo
+from tuner_service.compiler.frontend.fusion import Layer
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
     INT8_OP,
@@ -115,54 +117,69 @@ def int8_kernel_for(kernels: Mapping[str, LoadedKernel | LoadedGenerated],
     return None
 
 
-class Int8KernelStep:
+class Int8KernelStep(KernelStep):
     """An Int8Layer node run by its compiled kernel: constants packed once, the uint8
-    activation read by pointer (or staged when the kernel over-reads), a typed output."""
+    activation read by pointer (or staged when the kernel over-reads), a typed output. Its
+    arguments are typed ``BoundArg``s, so the native program runs it like any kernel step (its
+    workspaces are buffers of its own); one that must clamp its output afterwards (a ReLU at a
+    zero point above the type's minimum) runs as a Python step."""
 
     def __init__(self, kernel: LoadedKernel, node: onnx.NodeProto, info: NodeInfo,
                  constants: Mapping[str, np.ndarray], threads: int) -> None:
-        self.kernel, self.node, self.info = kernel, node, info
-        self.layer = node.name
-        self.inputs, self.outputs = [node.input[0]], [node.output[0]]
+        self.node, self.info = node, info
         workload = kernel.workload
         lowered = kernel.template.lower(workload, kernel.config)
         values = [None, *(constants.get(name) if name else None for name in node.input[1:])]
         named = int8_layer_inputs(workload, values)
-        data_shape = workload.input_shapes()["data"]
-        named["data"] = np.zeros(data_shape, np.uint8)
+        named["data"] = np.zeros(workload.input_shapes()["data"], np.uint8)
         try:
             packed = kernel.template.pack(workload, kernel.config, named)
         except (ScheduleError, ValueError) as e:
             raise LibraryError(f"int8 layer {node.name}: packing its constants failed: {e}"
                                ) from e
-        self._data = next(b for b in lowered.params if b.name == "data")
-        self._staged = buffer_array(self._data, zero=True) if self._data.slack else None
-        arrays = [self._staged if b is self._data else _bound(b, packed, node.name)
-                  for b in lowered.params[:-1]]
-        self._out = buffer_array(lowered.output, zero=True)
-        arrays += [self._out, *(buffer_array(b, zero=True) for b in lowered.workspace)]
-        self._arrays = arrays  # keeps every buffer alive
-        self._pointers = [0 if a is None else a.ctypes.data for a in arrays]
-        self._data_position = lowered.params.index(self._data)
-        self._output_size = lowered.output.size
-        self._shape = tuple(int(d) for d in info.get("shape"))
+        args = [_data_arg(b, node.input[0]) if b.name == "data" else
+                BoundArg(ArgKind.FIXED, _bound(b, packed, node.name), None, b.size,
+                         np.dtype(NUMPY_DTYPES[b.dtype]))
+                for b in lowered.params[:-1]]
+        out = lowered.output
+        args.append(BoundArg(ArgKind.OUTPUT, buffer_array(out, zero=True), node.output[0],
+                             out.size, np.dtype(NUMPY_DTYPES[out.dtype])))
+        args += [BoundArg(ArgKind.FIXED, buffer_array(b, zero=True), None, b.size,
+                          np.dtype(NUMPY_DTYPES[b.dtype])) for b in lowered.workspace]
+        shape = tuple(int(d) for d in info.get("shape"))
+        layer = _NodeLayer((node.name,), node.output[0])
+        super().__init__(kernel, cast(Layer, layer), args, shape, max(1, threads))
         zp = named.get("out_zero_point")
-        self._relu_floor = (None if not info.get("relu", 0)
-                            else 0 if zp is None else zp.reshape(-1)[0])
-        self._threads = ctypes.c_int64(max(1, threads))
+        floor = None if not info.get("relu", 0) else 0 if zp is None else int(zp.reshape(-1)[0])
+        lowest = 0 if out.dtype == "uint8" else -128 if out.dtype == "int8" else None
+        # a floor at or below the type's minimum clamps nothing
+        self._relu_floor = None if floor is None or (lowest is not None and floor <= lowest) \
+            else floor
+        self.in_program = self._relu_floor is None
 
     def __call__(self, env: dict[str, np.ndarray]) -> None:
-        data = np.ascontiguousarray(env[self.inputs[0]], dtype=np.uint8)
-        if self._staged is not None:
-            self._staged.view(np.uint8)[:data.size] = data.reshape(-1)
-        else:
-            env[self.inputs[0]] = data  # keep it alive for the call
-            self._pointers[self._data_position] = data.ctypes.data
-        self.kernel.function(*self._pointers, self._threads)
-        result = self._out[:self._output_size].reshape(self._shape)
+        super().__call__(env)
         if self._relu_floor is not None:
-            result = np.maximum(result, self._relu_floor).astype(result.dtype)
-        env[self.outputs[0]] = result
+            result = env[self.outputs[0]]
+            env[self.outputs[0]] = np.maximum(result, self._relu_floor).astype(result.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeLayer:
+    """What ``KernelStep`` reads of a layer: its first node's name and its output."""
+
+    nodes: tuple[str, ...]
+    output: str
+
+
+def _data_arg(data: Buffer, tensor: str) -> BoundArg:
+    """The uint8 activation (which a kernel may read as words of 4 bytes): by pointer, or
+    staged in a buffer with slack (over-reads)."""
+    size = data.size * np.dtype(NUMPY_DTYPES[data.dtype]).itemsize
+    if data.slack:
+        staged = buffer_array(data, zero=True).view(np.uint8)
+        return BoundArg(ArgKind.STAGED, staged, tensor, size, np.dtype(np.uint8))
+    return BoundArg(ArgKind.ACTIVATION, None, tensor, size, np.dtype(np.uint8))
 
 
 def _bound(buf: Buffer, packed: Mapping[str, np.ndarray], layer: str) -> np.ndarray:

@@ -21,17 +21,20 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from schedule_templates.errors import ScheduleError
 from schedule_templates.runtime import aligned_empty
 from tuner_service.compiler.deploy.errors import LibraryError
-from tuner_service.compiler.deploy.loader import LoadedKernel
 from tuner_service.compiler.frontend.fusion import Layer
 
+if TYPE_CHECKING:  # loader imports library, which imports int8_step, which imports this
+    from tuner_service.compiler.deploy.loader import LoadedKernel
+
 _ALIGN = 16  # floats: every workspace starts on a 64-byte boundary
+FP32: np.dtype[Any] = np.dtype(np.float32)
 
 
 def _aligned(elements: int) -> int:
@@ -75,18 +78,27 @@ class ArgKind(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class BoundArg:
     """One argument of a bound kernel: ``buffer`` is the memory behind a fixed pointer (None for
-    an activation), ``tensor`` the graph tensor read or written, ``size`` its dense elements."""
+    an activation), ``tensor`` the graph tensor read or written, ``size`` its dense elements of
+    ``dtype`` (fp32 but for the int8 steps' bytes)."""
 
     kind: ArgKind
     buffer: np.ndarray | None
     tensor: str | None
     size: int
+    dtype: np.dtype[Any] = FP32
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
 
 
 class KernelStep:
     """One call of a compiled kernel: ``__call__(env)`` binds the activations by pointer, runs
     it, and puts its output buffer in ``env``. ``args`` describe every pointer (the native
-    executor builds its program from them)."""
+    executor builds its program from them, unless ``in_program`` is false: a step that does
+    more than its kernel call stays a Python step)."""
+
+    in_program = True
 
     def __init__(self, kernel: LoadedKernel, layer: Layer, args: list[BoundArg],
                  output_shape: tuple[int, ...], threads: int) -> None:
@@ -112,16 +124,25 @@ class KernelStep:
     @property
     def output_elements(self) -> int:
         """Elements of the output buffer, slack the kernel may write included."""
+        return int(self._output_buffer.size)
+
+    @property
+    def output_dtype(self) -> np.dtype[Any]:
+        return self._output_buffer.dtype
+
+    @property
+    def _output_buffer(self) -> np.ndarray:
         buffer = self.args[self._out_position].buffer
         assert buffer is not None
-        return int(buffer.size)
+        return buffer
 
     def place_output(self, buffer: np.ndarray) -> None:
         """Write the output into ``buffer`` (a planned slice of the activation arena) from now
-        on; it must hold ``output_elements`` float32s."""
-        if buffer.dtype != np.float32 or buffer.size != self.output_elements:
+        on; it must hold ``output_elements`` of ``output_dtype``."""
+        if buffer.dtype != self.output_dtype or buffer.size != self.output_elements:
             raise LibraryError(f"layer {self.layer}: an output buffer of {buffer.size} "
-                               f"elements for a kernel that writes {self.output_elements}")
+                               f"{buffer.dtype} for a kernel that writes "
+                               f"{self.output_elements} {self.output_dtype}")
         old = self.args[self._out_position]
         self.args[self._out_position] = dataclasses.replace(old, buffer=buffer)
         self._pointers[self._out_position] = buffer.ctypes.data
@@ -139,8 +160,8 @@ class KernelStep:
             if arg.buffer is not None:  # the kernel over-reads: copy into a buffer with slack
                 arg.buffer[:arg.size] = value.reshape(-1)
                 continue
-            if value.dtype != np.float32 or not value.flags.c_contiguous:
-                value = np.ascontiguousarray(value, dtype=np.float32)
+            if value.dtype != arg.dtype or not value.flags.c_contiguous:
+                value = np.ascontiguousarray(value, dtype=arg.dtype)
                 env[str(arg.tensor)] = value  # keep it alive for the call (and reuse it later)
             if value.size != arg.size:
                 raise LibraryError(f"layer {self.layer}: input {arg.tensor} has {value.size} "

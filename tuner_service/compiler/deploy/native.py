@@ -31,7 +31,7 @@ import numpy as np
 from schedule_templates.runtime import aligned_empty
 from tuner_service.compiler.deploy.errors import DeployError, LibraryError
 from tuner_service.compiler.deploy.fallback import FallbackStep
-from tuner_service.compiler.deploy.kernel_step import ArgKind, KernelStep, Scratch
+from tuner_service.compiler.deploy.kernel_step import FP32, ArgKind, KernelStep, Scratch
 from tuner_service.compiler.deploy.memory_plan import BufferRequest, plan_memory
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class External:
     name: str
     elements: int
     segment: int
+    dtype: np.dtype[Any] = FP32
 
 
 class ModelPlan:
@@ -119,7 +120,7 @@ class ModelPlan:
         self.memory = plan_memory(self._requests(steps))
         self.arena = aligned_empty(max(16, self.memory.arena_bytes // 4), zero=True)
         for name, step in self.producers.items():
-            step.place_output(self._arena_slice(name, step.output_elements))
+            step.place_output(self.arena_slice(name, step.output_elements, step.output_dtype))
         #: every planned tensor as an array (a view of the arena, in its own shape)
         self.views = {tensor: self._view(tensor) for tensor in self.roots}
         for segment in self.segments:
@@ -129,7 +130,7 @@ class ModelPlan:
 
     def _split(self, steps: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
         for index, step in enumerate(steps):
-            if isinstance(step, KernelStep):
+            if isinstance(step, KernelStep) and step.in_program:
                 self.producers[step.outputs[0]] = step
                 self.roots[step.outputs[0]] = step.outputs[0]
                 self._segment(native=True, index=index).kernels.append(step)
@@ -162,7 +163,8 @@ class ModelPlan:
                 for arg in step.args:
                     if arg.kind in (ArgKind.ACTIVATION, ArgKind.STAGED) and arg.tensor not in \
                             self.roots and arg.tensor not in found:
-                        found[str(arg.tensor)] = External(str(arg.tensor), arg.size, position)
+                        found[str(arg.tensor)] = External(str(arg.tensor), arg.size, position,
+                                                          arg.dtype)
         return found
 
     # -- liveness and the arena ------------------------------------------------------------
@@ -174,7 +176,7 @@ class ModelPlan:
         for index, step in enumerate(steps):
             for name in step.inputs:
                 root = self.roots.get(name, name)
-                if isinstance(step, KernelStep):
+                if isinstance(step, KernelStep) and step.in_program:
                     last[root] = max(last.get(root, -1), index)
                 elif self._is_alias_output(step):
                     continue  # a view reads nothing; its readers count for the root
@@ -183,21 +185,24 @@ class ModelPlan:
         for name in self.outputs:
             if name in self.roots:
                 last[self.roots[name]] = end
-        requests = [BufferRequest(name, 4 * step.output_elements, written[name],
-                                  max(written[name], last.get(name, -1)))
+        requests = [BufferRequest(name, step.output_elements * step.output_dtype.itemsize,
+                                  written[name], max(written[name], last.get(name, -1)))
                     for name, step in self.producers.items()]
         for external in self.externals.values():
             first = self.segments[external.segment].first
-            requests.append(BufferRequest(f"external:{external.name}", 4 * external.elements,
+            requests.append(BufferRequest(f"external:{external.name}",
+                                          external.elements * external.dtype.itemsize,
                                           first, max(first, last.get(external.name, first))))
         return requests
 
     def _is_alias_output(self, step: Any) -> bool:
         return bool(step.outputs) and step.outputs[0] in self.alias_shapes
 
-    def _arena_slice(self, name: str, elements: int) -> np.ndarray:
-        start = self.memory.offsets[name] // 4
-        return self.arena[start:start + elements]
+    def arena_slice(self, name: str, elements: int, dtype: np.dtype[Any]) -> np.ndarray:
+        """``elements`` of ``dtype`` at the planned (64-byte aligned) offset of ``name``."""
+        start = self.memory.offsets[name]
+        raw = self.arena.view(np.uint8)[start:start + elements * dtype.itemsize]
+        return raw.view(dtype)
 
     def _view(self, tensor: str) -> np.ndarray:
         root = self.roots[tensor]
@@ -230,7 +235,7 @@ class ModelPlan:
                 ref = Ref(Region.WEIGHTS, 0, arg.buffer)
             if arg.kind is ArgKind.STAGED:  # the over-read copy, in the program itself
                 records.append(Record(Kind.COPY, (self.tensor_ref(str(arg.tensor)), ref),
-                                      4 * arg.size))
+                                      arg.nbytes))
             args.append(ref)
         records.append(Record(Kind.CALL, tuple(args), step.threads, step))
         return records
@@ -328,12 +333,12 @@ class NativeProgram:
         plan = self.plan
         for external in self._staging.get(position, ()):
             value = env[external.name]
-            if (value.dtype == np.float32 and value.flags.c_contiguous
+            if (value.dtype == external.dtype and value.flags.c_contiguous
                     and value.size == external.elements):
                 pointer = value.ctypes.data  # the feed itself, no copy
             elif value.size == external.elements:
-                start = plan.memory.offsets[f"external:{external.name}"] // 4
-                staging = plan.arena[start:start + external.elements]
+                staging = plan.arena_slice(f"external:{external.name}", external.elements,
+                                           external.dtype)
                 np.copyto(staging, value.reshape(-1), casting="unsafe")
                 pointer = staging.ctypes.data
             else:
