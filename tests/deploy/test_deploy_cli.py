@@ -57,6 +57,30 @@ def test_build_then_run_in_a_fresh_process(tmp_path: Path,
     assert report["check"]["max_rel_error"] < 1e-4
 
 
+def test_run_profile_says_where_the_time_goes(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    model = _model_file(tmp_path)
+    out = tmp_path / "lib"
+    assert main(["build", str(model), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(model), "--library", str(out), "--iterations", "3", "--profile",
+                 "--json"]) == 0
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    kinds = profile["by_kind"]
+    assert kinds["kernel"]["steps"] == 2  # the conv (bias + relu fused) and the gemm
+    assert sum(k["ms"] for k in kinds.values()) == pytest.approx(profile["total_ms"])
+    assert sum(k["share"] for k in kinds.values()) == pytest.approx(1.0)
+    steps = profile["steps"]
+    assert [s["ms"] for s in steps] == sorted((s["ms"] for s in steps), reverse=True)
+    conv = next(s for s in steps if s["step"].startswith("conv ["))
+    assert conv["kind"] == "kernel" and conv["gflops"] > 0  # tuned kernels know their work
+    assert all(s["gflops"] is None for s in steps if s["kind"] != "kernel")
+    assert main(["run", str(model), "--library", str(out), "--iterations", "3",
+                 "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert "slowest steps:" in text and "GFLOPS" in text
+
+
 def test_run_reports_a_wrong_library_directory(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     model = _model_file(tmp_path)

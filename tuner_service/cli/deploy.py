@@ -84,6 +84,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="save the model's outputs (one run on the inputs) to this .npz file")
     run.add_argument("--check", action="store_true",
                      help="compare the outputs with onnxruntime's (max abs / relative error)")
+    run.add_argument("--profile", action="store_true",
+                     help="then time every step alone: milliseconds by kind (tuned, generated, "
+                     "int8, numpy) and the slowest steps with their GFLOPS")
     run.add_argument("--json", action="store_true")
     run.set_defaults(func=run_run)
 
@@ -220,6 +223,10 @@ def run_run(args: argparse.Namespace) -> int:
     if "check" in report:
         print(f"vs onnxruntime: max abs error {report['check']['max_abs_error']:.3g}, "
               f"max relative error {report['check']['max_rel_error']:.3g}")
+    if "profile" in report:
+        from tuner_service.compiler.deploy.profile import format_profile
+
+        print(format_profile(report["profile"]))
     return 0
 
 
@@ -265,6 +272,10 @@ def _execute(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
                        "the run time", row["op"], row["nodes"], 100 * row["share"])
     if args.check:
         report["check"] = compare_with_onnxruntime(data, feeds, outputs, threads)
+    if args.profile:
+        from tuner_service.compiler.deploy.profile import profile_report
+
+        report["profile"] = profile_report(runner, feeds, max(3, min(args.iterations, 10)))
     return report
 
 
