@@ -8,6 +8,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -282,3 +283,70 @@ def test_a_unary_chain_between_dequantize_and_quantize_is_one_table(tmp_path: Pa
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     got, reference = runner.run(feed)["y"], session.run(None, feed)[0]
     assert np.abs(got - reference).max() <= 1 / 127.5 + 1e-6
+
+
+def _gelu_model(path: Path) -> None:
+    """A QDQ BERT's whole GELU on a u8 tensor: t = erf(x / sqrt 2) (a table), t + 1 with the
+    1 a QuantizeLinear of a Constant, x * that, then halved by an initializer's byte; every
+    product between a DequantizeLinear and a QuantizeLinear, as quantize_static writes it."""
+    h, nh = onnx.helper, onnx.numpy_helper
+    inits = [nh.from_array(np.array(v, t), n) for n, v, t in (
+        ("s_x", 0.05, np.float32), ("z_x", 128, np.uint8), ("s_e", 1 / 127.5, np.float32),
+        ("z_e", 128, np.uint8), ("s_one", 1 / 255, np.float32), ("z_one", 0, np.uint8),
+        ("s_p", 2 / 255, np.float32), ("z_p", 0, np.uint8), ("s_m", 0.06, np.float32),
+        ("z_m", 100, np.uint8), ("half_q", 127, np.uint8), ("s_half", 0.5 / 127, np.float32),
+        ("z_half", 0, np.uint8), ("s_y", 0.04, np.float32), ("z_y", 90, np.uint8))]
+
+    def dq(x: str, s: str, z: str) -> Any:
+        return h.make_node("DequantizeLinear", [x, s, z], [f"{x}_f"], f"dq_{x}")
+
+    def q(x: str, s: str, z: str) -> Any:
+        return h.make_node("QuantizeLinear", [x, s, z], [f"{x}_q"], f"q_{x}")
+
+    nodes = [
+        h.make_node("Constant", [], ["root2"], "root2",
+                    value=nh.from_array(np.array(1.4142135, np.float32))),
+        h.make_node("Constant", [], ["one"], "one", value=nh.from_array(np.array(1, np.float32))),
+        dq("x", "s_x", "z_x"),
+        h.make_node("Div", ["x_f", "root2"], ["d"], "div"),
+        h.make_node("Erf", ["d"], ["e"], "erf"), q("e", "s_e", "z_e"), dq("e_q", "s_e", "z_e"),
+        q("one", "s_one", "z_one"), dq("one_q", "s_one", "z_one"),
+        h.make_node("Add", ["e_q_f", "one_q_f"], ["p"], "plus_one"), q("p", "s_p", "z_p"),
+        dq("p_q", "s_p", "z_p"),
+        h.make_node("Mul", ["x_f", "p_q_f"], ["m"], "gate"), q("m", "s_m", "z_m"),
+        dq("m_q", "s_m", "z_m"), dq("half_q", "s_half", "z_half"),
+        h.make_node("Mul", ["m_q_f", "half_q_f"], ["y"], "halve"), q("y", "s_y", "z_y"),
+        dq("y_q", "s_y", "z_y"),
+    ]
+    graph = h.make_graph(nodes, "gelu",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.UINT8, [2, 3, 300])],
+                         [h.make_tensor_value_info("y_q_f", onnx.TensorProto.FLOAT, [2, 3, 300])],
+                         inits)
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+
+
+def test_glue_with_a_scalar_constant_becomes_a_table_with_the_same_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``+ 1`` is composed into the erf table before it (one lookup), ``* 0.5`` becomes a table
+    of its own, the gate (two activations) stays a binary kernel; every output byte is what the
+    unrewritten glue gives, and the model matches onnxruntime's unfused evaluation."""
+    from tuner_service.compiler.frontend import quantized_scalar
+
+    path = tmp_path / "gelu.onnx"
+    _gelu_model(path)
+    runner = _runner(path, tmp_path / "lib")
+    glue = [(s.node.op_type, s.node.name) for s in runner.steps if isinstance(s, QuantGlueStep)]
+    assert glue == [("Int8Table", "plus_one"), ("Int8Mul", "gate"), ("Int8Table", "halve"),
+                    ("DequantizeLinear", "dq_y_q")]
+    feed = {"x": np.random.default_rng(3).integers(0, 256, (2, 3, 300)).astype(np.uint8)}
+    got = runner.run(feed)["y_q_f"].copy()
+    monkeypatch.setattr(quantized_scalar, "scalar_tables", lambda view: iter(()))
+    monkeypatch.setattr(quantized_scalar, "composed_tables", lambda view: iter(()))
+    plain = _runner(path, tmp_path / "plain")
+    assert [s.node.op_type for s in plain.steps if isinstance(s, QuantGlueStep)] == [
+        "Int8Table", "Int8Add", "Int8Mul", "Int8Mul", "DequantizeLinear"]
+    np.testing.assert_array_equal(got, plain.run(feed)["y_q_f"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    assert np.abs(got - session.run(None, feed)[0]).max() <= 0.04 + 1e-6

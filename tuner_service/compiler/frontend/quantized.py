@@ -43,6 +43,7 @@ _ANCHORS = ("Conv", "MatMul", "Gemm")
 _QOPERATORS = ("QLinearConv", "QLinearMatMul")
 _DEFAULT = ("", "ai.onnx")
 _QGEMM = ("com.microsoft", "QGemm")
+_MAX_COMPOSED = 4
 
 
 @dataclasses.dataclass
@@ -69,6 +70,7 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
         int8_add_groups,
         requantize_free_moves,
     )
+    from tuner_service.compiler.frontend.quantized_scalar import composed_tables, scalar_tables
     from tuner_service.compiler.frontend.quantized_table import table_groups
 
     if not is_quantized(proto):
@@ -77,6 +79,12 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
     made += apply_groups(proto, list(int8_add_groups(QuantGraph(proto.graph))))
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 17)
     made += apply_groups(proto, list(table_groups(QuantGraph(proto.graph), opset)))
+    made += apply_groups(proto, list(scalar_tables(QuantGraph(proto.graph))))
+    for _ in range(_MAX_COMPOSED):  # each round composes one more level of a table chain
+        composed = apply_groups(proto, list(composed_tables(QuantGraph(proto.graph))))
+        made += composed
+        if not composed:
+            break
     made += apply_groups(proto, list(requantize_free_moves(QuantGraph(proto.graph))))
     _drop_dead_dequantize(proto.graph)
     logger.debug("rewrote %d quantized nodes into the %s domain", made, INT8_DOMAIN)
