@@ -57,9 +57,12 @@ def bf16_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path,
     builds, ``fp32_default`` our fp32 build, ``openvino`` OpenVINO in bf16, ``onnxruntime``
     fp32."""
     path = str(model.path)
+    libraries = {"default": build(path, tmp / "bf16", precision="bf16")}
+    if libraries["default"].get("bf16_layers") == 0:
+        logger.info("%s: no dense layer the bf16 template takes; no bf16 row", model.name)
+        return []
+    libraries["fp32_default"] = build(path, tmp / "fp32")
     tunings = {count: tune_tasks(model, count, trials) for count in threads}
-    libraries = {"default": build(path, tmp / "bf16", precision="bf16"),
-                 "fp32_default": build(path, tmp / "fp32")}
     rows = []
     for count in threads:
         logger.info("%s: bf16 at %d thread(s)", model.name, count)
