@@ -160,6 +160,26 @@ def test_the_c_example_matches_the_python_runner(standalone: tuple[Path, Any], e
     np.testing.assert_allclose(got, runner.run(feeds)["y"].reshape(-1), rtol=0, atol=1e-6)
 
 
+def test_the_c_example_runs_a_quantized_model(example: Path, tmp_path: Path) -> None:
+    """A QDQ model in the standalone program: its int8 kernels and glue read and write uint8
+    buffers of the arena, their packed weights are bytes of the weights file; the C example
+    gives the Python runner's output exactly."""
+    from tests.frontend.quantized_models import feeds, quantized
+
+    path = quantized(tmp_path, "qdq", residual=True)
+    out = tmp_path / "lib"
+    assert main(["build", str(path), "-o", str(out), "--standalone"]) == 0
+    runner = ModelRunner(path, KernelLibrary(out), 1)
+    x = feeds(3)
+    (tmp_path / "in.bin").write_bytes(np.ascontiguousarray(x["x"], np.float32).tobytes())
+    done = subprocess.run([str(example), str(out), "-i", str(tmp_path / "in.bin"), "-o",
+                           str(tmp_path / "out.bin"), "-n", "2"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = np.fromfile(tmp_path / "out.bin", dtype=np.float32)
+    np.testing.assert_array_equal(got, runner.run(x)["y"].reshape(-1))
+
+
 def _open(directory: Path) -> int:
     lib = ctypes.CDLL(str(directory / "libmodel.so"))
     handle = ctypes.c_void_p()

@@ -350,3 +350,27 @@ def test_glue_with_a_scalar_constant_becomes_a_table_with_the_same_bytes(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     assert np.abs(got - session.run(None, feed)[0]).max() <= 0.04 + 1e-6
+
+
+@pytest.mark.parametrize("form", ["qdq", "qoperator"])
+def test_int8_steps_run_in_the_native_program_with_the_step_by_step_bytes(
+        tmp_path: Path, form: str) -> None:
+    """Int8 layers and their glue are kernel steps of typed arguments: the native program runs
+    them (no Python step is left between the kernels of the QDQ model), on uint8 buffers planned
+    in the same arena, and gives the step-by-step path's bytes."""
+    model = quantized(tmp_path, form, residual=True)
+    runner = _runner(model, tmp_path / "lib")
+    assert runner.native is not None
+    int8 = [s for s in runner.steps if isinstance(s, Int8KernelStep | QuantGlueStep)]
+    assert int8 and all(s.in_program for s in int8)
+    planned = {name for s in int8 for name in s.outputs}
+    assert planned <= set(runner.plan.roots)  # in the arena, not buffers of their own
+    assert any(runner.plan.views[n].dtype == np.uint8 for n in planned)
+    if form == "qdq":
+        assert [s.native for s in runner.plan.segments] == [True]
+    for seed in (0, 1):
+        x = feeds(seed)
+        native = {k: v.copy() for k, v in runner.run(x).items()}
+        stepwise = runner.run(x, native=False)
+        for name, value in native.items():
+            np.testing.assert_array_equal(value, stepwise[name])
