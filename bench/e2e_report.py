@@ -42,16 +42,32 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+#: rows of a lower precision are named MODEL-int8 / MODEL-bf16 (``e2e_int8``, ``e2e_bf16``)
+PRECISIONS = ("fp32", "int8", "bf16")
+#: the relative error ``problems`` flags above, per precision (int8 rows differ from
+#: onnxruntime's fused kernels by whole quantization steps: docs/quantized.md compares them)
+MAX_REL_ERROR: dict[str, float | None] = {"fp32": 1e-4, "bf16": 1e-2, "int8": None}
+
+
+def precision(row: dict[str, Any]) -> str:
+    suffix = str(row["model"]).rsplit("-", 1)[-1]
+    return suffix if suffix in PRECISIONS else "fp32"
+
+
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per thread count and group (samples, zoo): geometric means of the ratios over the models
-    that have them, and how many models the tuned build runs faster than both peers."""
+    """Per thread count and group (samples, zoo; each precision apart): geometric means of the
+    ratios over the models that have them, and how many models the tuned build runs faster
+    than both peers."""
     out = []
+    groups = [(kind, p) for kind in ("sample", "zoo") for p in PRECISIONS]
     for threads in sorted({r["threads"] for r in rows}):
-        for kind in ("sample", "zoo"):
-            group = [r for r in rows if r["threads"] == threads and r["kind"] == kind]
+        for kind, level in groups:
+            group = [r for r in rows if r["threads"] == threads and r["kind"] == kind
+                     and precision(r) == level]
             if not group:
                 continue
-            entry: dict[str, Any] = {"threads": threads, "kind": kind, "models": len(group)}
+            label = kind if level == "fp32" else f"{kind} {level}"
+            entry: dict[str, Any] = {"threads": threads, "kind": label, "models": len(group)}
             for key in ("tuned_vs_best", "default_vs_best", "tuned_vs_onnxruntime",
                         "default_vs_onnxruntime"):
                 values = [r["ratios"][key] for r in group if r["ratios"][key] is not None]
@@ -123,9 +139,9 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
         for engine, result in row["engines"].items():
             if "error" in result:
                 lines.append(f"- {name}: {engine} failed: `{result['error']}`")
-            rel = result.get("max_rel_error")
-            if rel is not None and rel > 1e-4:
-                lines.append(f"- {name}: {engine} relative error {rel:.1e} above 1e-4")
+            rel, limit = result.get("max_rel_error"), MAX_REL_ERROR[precision(row)]
+            if rel is not None and limit is not None and rel > limit:
+                lines.append(f"- {name}: {engine} relative error {rel:.1e} above {limit:g}")
         if "error" in (row.get("tuning") or {}):
             lines.append(f"- {name}: tuning failed: `{row['tuning']['error']}`")
     return lines or ["- none"]
@@ -144,7 +160,10 @@ faster); "best peer" is the faster of onnxruntime and OpenVINO. Relative error: 
 onnxruntime| / max |onnxruntime| over the outputs (target 1e-4). OpenVINO comes with `bash
 scripts/setup.sh` (the `bench` extra); where it did not run, the best peer is onnxruntime
 and Problems says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLICY` in
-`tuner_service/compiler/deploy/loader.py`).
+`tuner_service/compiler/deploy/loader.py`). Rows named `MODEL-int8` (`--int8`) run the model
+quantized by onnxruntime's `quantize_static` (QDQ) in every engine; rows named `MODEL-bf16`
+(`--bf16`) are our `--precision bf16` build against onnxruntime fp32 and OpenVINO in bf16
+(target error 1e-2). The summary keeps each precision apart.
 
 {host}
 {load_note}
