@@ -14,7 +14,6 @@ vector or a scalar, shapes not known at build time) stays a numpy step.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -30,9 +29,9 @@ from schedule_templates.ops.quant import (
 )
 from schedule_templates.runtime import NUMPY_DTYPES, aligned_empty
 from tuner_service.compiler.deploy.errors import LibraryError
-from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep
+from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep, StepLayer
 from tuner_service.compiler.deploy.node import NodeInfo
-from tuner_service.compiler.frontend.fusion import Layer, node_name
+from tuner_service.compiler.frontend.fusion import node_name
 from tuner_service.compiler.frontend.quantized_glue import INT8_ADD, INT8_MUL
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 from tuner_service.compiler.frontend.quantized_table import INT8_TABLE
@@ -197,13 +196,5 @@ class QuantGlueStep(KernelStep):
                              node.output[0], op.size, np.dtype(NUMPY_DTYPES[out])))
         if shape is None or int(np.prod(shape, dtype=np.int64)) != op.size:
             shape = (op.size,)
-        layer = cast(Layer, _GlueLayer((info.name,), node.output[0]))
-        super().__init__(cast("LoadedKernel", kernel), layer, args, shape, max(1, threads))
-
-
-@dataclasses.dataclass(frozen=True)
-class _GlueLayer:
-    """What ``KernelStep`` reads of a layer: its first node's name and its output."""
-
-    nodes: tuple[str, ...]
-    output: str
+        super().__init__(cast("LoadedKernel", kernel), StepLayer((info.name,), node.output[0]),
+                         args, shape, max(1, threads))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -31,9 +31,8 @@ from schedule_templates.templates.base import get_template
 from tuner_service.compiler.deploy.configs import Choice, ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.int8_glue import glue_ops
-from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep
+from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep, StepLayer
 from tuner_service.compiler.deploy.node import NodeInfo
-from tuner_service.compiler.frontend.fusion import Layer
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
     INT8_OP,
@@ -147,8 +146,8 @@ class Int8KernelStep(KernelStep):
         args += [BoundArg(ArgKind.FIXED, buffer_array(b, zero=True), None, b.size,
                           np.dtype(NUMPY_DTYPES[b.dtype])) for b in lowered.workspace]
         shape = tuple(int(d) for d in info.get("shape"))
-        layer = _NodeLayer((node.name,), node.output[0])
-        super().__init__(kernel, cast(Layer, layer), args, shape, max(1, threads))
+        super().__init__(kernel, StepLayer((node.name,), node.output[0]), args, shape,
+                         max(1, threads))
         zp = named.get("out_zero_point")
         floor = None if not info.get("relu", 0) else 0 if zp is None else int(zp.reshape(-1)[0])
         lowest = 0 if out.dtype == "uint8" else -128 if out.dtype == "int8" else None
@@ -162,14 +161,6 @@ class Int8KernelStep(KernelStep):
         if self._relu_floor is not None:
             result = env[self.outputs[0]]
             env[self.outputs[0]] = np.maximum(result, self._relu_floor).astype(result.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class _NodeLayer:
-    """What ``KernelStep`` reads of a layer: its first node's name and its output."""
-
-    nodes: tuple[str, ...]
-    output: str
 
 
 def _data_arg(data: Buffer, tensor: str) -> BoundArg:

@@ -92,6 +92,15 @@ class BoundArg:
         return self.size * self.dtype.itemsize
 
 
+@dataclasses.dataclass(frozen=True)
+class StepLayer:
+    """What ``KernelStep`` reads of a layer, for steps that stand for one ONNX node (the int8
+    layers and their glue): its name and its output."""
+
+    nodes: tuple[str, ...]
+    output: str
+
+
 class KernelStep:
     """One call of a compiled kernel: ``__call__(env)`` binds the activations by pointer, runs
     it, and puts its output buffer in ``env``. ``args`` describe every pointer (the native
@@ -100,7 +109,7 @@ class KernelStep:
 
     in_program = True
 
-    def __init__(self, kernel: LoadedKernel, layer: Layer, args: list[BoundArg],
+    def __init__(self, kernel: LoadedKernel, layer: Layer | StepLayer, args: list[BoundArg],
                  output_shape: tuple[int, ...], threads: int) -> None:
         self.kernel = kernel
         self.layer = layer.nodes[0]

@@ -27,7 +27,7 @@ from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 from tuner_service.compiler.frontend.quantized_table import INT8_TABLE
 
-_TYPES = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8"}
+_TYPES: dict[int, str] = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8"}
 _LOW = {"uint8": 0, "int8": -128}
 _NUMPY = {"uint8": np.uint8, "int8": np.int8}
 
