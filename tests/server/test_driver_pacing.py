@@ -105,9 +105,9 @@ def test_the_job_list_reads_in_two_statements(
     assert len(seen) == 2, seen
 
 
-def test_the_queue_holds_a_claim_of_each_live_worker(settings: Settings) -> None:
-    """What a worker last asked for sizes its jobs' queues at once (many workers arriving
-    together would otherwise find it empty until the rate of results catches up)."""
+def test_the_queue_holds_what_the_live_workers_claim(settings: Settings) -> None:
+    """What the live workers last asked for sizes their jobs' queues at once (many workers
+    arriving together would otherwise find them empty until the rate of results catches up)."""
     from tuner_service.jobs import queue
 
     settings = settings.with_overrides(queue_per_worker=2, queue_ahead_s=2.0)
@@ -116,13 +116,16 @@ def test_the_queue_holds_a_claim_of_each_live_worker(settings: Settings) -> None
     with db.session() as session:
         workers = [queue.register_worker(session, {"device_key": "local", "target": "llvm"},
                                          None).id for _ in range(3)]
-    driver.note_claim(workers[0], 40, 0)
-    driver.note_claim(workers[1], 1, 1)  # less than queue_per_worker: counts 2
+    driver.note_claim(workers[0], 16, 3)
+    driver.note_claim(workers[0], 40, 0)  # the latest claim counts
+    driver.note_claim(workers[1], 16, 16)
     with db.session() as session:
         job = session.get(Job, run.job_id)
         assert job is not None
-        # 40 asked, 2 at least, 2 for the worker that has not claimed here
-        assert driver._queue_depth(session, job, run) == Depth(44, 44, 0)
+        assert driver._queue_depth(session, job, run) == Depth(56, 56, 0)
+        driver.note_claim(workers[0], 1, 1)
+        driver.note_claim(workers[1], 1, 1)  # queue_per_worker x 3 live workers is more
+        assert driver._queue_depth(session, job, run) == Depth(8, 6, 0)  # at least queue_depth
         run.finish_rate = 50.0  # 100 results in queue_ahead_s: more than the claims
         assert driver._queue_depth(session, job, run).demand == 100
     db.dispose()

@@ -5,9 +5,9 @@ step) drives it, so several server processes can share one database. The strateg
 tuners and the task scheduler; this loop only leases, records and hands out.
 
 Candidates are proposed ahead of the workers: a job keeps in flight what its live workers hold
-plus ``queue_ahead_s`` seconds of work at the rate its results arrive, and at least what its
-live workers last asked for in a claim (``note_claim``: known at once, while the rate of results
-takes seconds to grow when many workers arrive together). When fewer than half of
+plus ``queue_ahead_s`` seconds of work at the rate its results arrive, and in all at least one
+claim of each live worker (its latest claim's size, ``note_claim``: known at once, while the
+rate of results takes seconds to grow when many workers arrive together). When fewer than half of
 those are still queued, a step queues new candidates from the models the tuners have *before*
 it refits them on the new results, so claims keep finding work while a refit runs; refits are
 paced (``JobRun.learn``) so one step never spends more than ``LEARN_BUDGET_S`` on them.
@@ -100,8 +100,8 @@ class JobDriver:
         self._wake.set()
 
     def note_claim(self, worker_id: int, asked: int, got: int) -> None:
-        """A worker's claim asked for ``asked`` items and got ``got``: its jobs keep at least
-        that many queued for it, and a short answer refills the queue now."""
+        """A worker's claim asked for ``asked`` items and got ``got``: its jobs keep that many
+        in flight for it, and a short answer refills the queue now."""
         with self._asked_lock:
             self._asked[worker_id] = (asked, time.monotonic())
         if got < asked:
@@ -203,18 +203,20 @@ class JobDriver:
             return run, observed, self._queue_depth(session, job, run)
 
     def _queue_depth(self, session: Session, job: Job, run: JobRun) -> Depth:
-        """At least ``queue_depth``; else what the workers lease plus, queued, the more of
-        ``queue_ahead_s`` of work at the rate results arrive and one more claim of each live
-        worker (what it last asked for here, at least ``queue_per_worker``)."""
+        """At least ``queue_depth``; more for more live workers (``queue_per_worker`` each, or
+        the sizes of their latest claims here when more); and what the workers lease plus
+        ``queue_ahead_s`` of work at the rate results arrive. Not their sum: a queue deeper
+        than the workers take hands out candidates after their task stopped early (a step
+        late; tests/server/test_scheduler_driver.py bounds that to one claim)."""
         settings = self.settings
         flight = run.in_flight(session)
         ahead = math.ceil(run.finish_rate * settings.queue_ahead_s)
+        demand = flight.get(MeasurementState.LEASED, 0) + ahead if ahead else 0
         if settings.queue_per_worker:
             live = live_worker_ids(session, job.target, job.device_key, settings.lease_s)
             with self._asked_lock:
-                asked = [self._asked.get(w, (0, 0.0))[0] for w in live]
-            ahead = max(ahead, sum(max(settings.queue_per_worker, n) for n in asked))
-        demand = flight.get(MeasurementState.LEASED, 0) + ahead if ahead else 0
+                asked = sum(self._asked.get(w, (0, 0.0))[0] for w in live)
+            demand = max(demand, settings.queue_per_worker * len(live), asked)
         queued = flight.get(MeasurementState.QUEUED, 0)
         return Depth(max(settings.queue_depth, demand), demand, queued)
 
