@@ -266,8 +266,14 @@ def claim_batch(db: Database, worker: Worker, max_items: int, lease_s: float,
                 # Every queued row may be locked by claims still committing, which SKIP LOCKED
                 # passed over: wait for those (short, single-statement transactions, rows
                 # locked in id order) and take what they left, instead of answering a worker
-                # "nothing" while work is queued. An empty queue costs this second statement.
+                # "nothing" while work is queued. An empty queue costs this and the next statement.
                 rows = session.execute(_claim_items_postgres(served, lease_s, False),
+                                       params).all()
+            if not rows:
+                # The rows it waited for were all taken meanwhile: after the wait PostgreSQL
+                # rechecks them, drops those no longer queued and does not look past its
+                # LIMIT. What was queued behind them is free now (seen at 256 workers).
+                rows = session.execute(_claim_items_postgres(served, lease_s, True),
                                        params).all()
             return _items(session, rows, default_options)
         touch_worker(session, worker.id)
