@@ -9,8 +9,10 @@ before AMX) at half speed, so ``bench/kernels.py`` measures both before a model 
 
 bfloat16 activations (``data=bf16``) are only reinterpreted as words. fp32 activations
 (``data=f32``, a model built with ``--precision bf16``) are first rounded into a workspace of
-words, one parallel pass over the rows (M x K, small next to the M x N x K products). A fused
-epilogue is computed in fp32 on the finished sums, as ``dense``'s is.
+words, one parallel pass over the rows (M x K, small next to the M x N x K products). That
+workspace has room for M rounded up as ``dense`` rounds it (``padded_extent``: ViT's 197 tokens
+are computed as 200 rows, the extra ones never stored), so a prime M does not force one-row
+register tiles. A fused epilogue is computed in fp32 on the finished sums, as ``dense``'s is.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
     typed,
 )
+from schedule_templates.templates.x86_gemm import padded_extent
 from schedule_templates.templates.x86_int8_stages import word_rows
 from schedule_templates.workloads import DenseBf16, Workload
 from schedule_templates.workloads.lowp import to_bfloat16
@@ -52,16 +55,16 @@ class DenseBf16X86(Template):
               ) -> ConfigSpace:
         wl = _as(workload, DenseBf16)
         check_shape(wl.op, wl.N, wl.K, BF16)
-        return dot_space(wl.M, wl.N, wl.K, BF16)
+        return dot_space(_rows(wl), wl.N, wl.K, BF16)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, DenseBf16)
-        return dot_default(self.space(wl), wl.M, wl.N, wl.K, BF16)
+        return dot_default(self.space(wl), _rows(wl), wl.N, wl.K, BF16)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseBf16)
         nr = config["tile_n"][2]
-        words = wl.K // 2
+        words, rows_computed = wl.K // 2, _rows(wl)
         stages: list[Stmt] = []
         workspaces: list[Buffer] = []
         if wl.data == "bf16":
@@ -69,7 +72,7 @@ class DenseBf16X86(Template):
             rows = data
         else:
             data = Buffer("data", (wl.M, wl.K))
-            rows = Buffer("data_words", (wl.M, words), Scope.WORKSPACE, "int32")
+            rows = Buffer("data_words", (rows_computed, words), Scope.WORKSPACE, "int32")
             workspaces.append(rows)
             stages.append(word_rows(lambda m, w: rows[m, w],
                                     lambda m, k: cast("int32", cast("bfloat16", data[m, k])),
@@ -81,10 +84,11 @@ class DenseBf16X86(Template):
         def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
             return store(out[m, n], epilogue.apply(acc, n, (m, n)) if wl.epilogue else acc)
 
-        partial = partial_buffer(config, wl.M, wl.N, BF16)
+        partial = partial_buffer(config, rows_computed, wl.N, BF16)
         stages.append(dot_nest(config, BF16, a=lambda m, kg: rows[m, kg],
                                b=lambda p, kg, j: packed[p, kg, j], finish=finish,
-                               partial=partial))
+                               partial=partial,
+                               rows=None if rows_computed == wl.M else wl.M))
         if partial is not None:
             workspaces.append(partial)
         return Kernel("dense_bf16_x86", (data, packed, *epilogue.buffers, out),
@@ -100,3 +104,8 @@ class DenseBf16X86(Template):
         data = (as_words(typed(inputs, "data", np.uint16)) if wl.data == "bf16"
                 else np.asarray(inputs["data"], dtype=np.float32))
         return {"data": data, "weight_packed": packed, **epilogue_arguments(wl, inputs)}
+
+
+def _rows(wl: DenseBf16) -> int:
+    """Rows the nest computes: fp32 activations are staged, so M may be rounded up."""
+    return padded_extent(wl.M) if wl.data == "f32" else wl.M

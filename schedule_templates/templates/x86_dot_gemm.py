@@ -161,10 +161,12 @@ def partial_buffer(cfg: Config, M: int, N: int, inst: DotInstruction) -> Buffer 
 
 
 def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish: Finish,
-             partial: Buffer | None, swap: bool = False) -> Stmt:
+             partial: Buffer | None, swap: bool = False, rows: int | None = None) -> Stmt:
     """The blocked nest: ``a`` is broadcast per row, ``b`` loaded per 16 columns; ``swap``
     passes them to the instruction the other way round (VNNI's first operand is the unsigned
-    one: a convolution broadcasts signed weights and loads unsigned activations)."""
+    one: a convolution broadcasts signed weights and loads unsigned activations). With
+    ``rows``, only rows below it are finished (the nest computes more): the test stands
+    outside the vectorized loop, so a fused activation stays vectorized."""
     mo, mi, mr = cfg["tile_m"]
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
@@ -187,7 +189,8 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
         row, column = a(m0 + r, word), b(panel, word, j)
         total = intrinsic(inst.intrinsic, total, *((column, row) if swap else (row, column)))
     step = store(acc[r, j], total)
-    out_stage = unroll_r(vec_j(finish(acc[r, j], m0 + r, n0 + j)))
+    finished = vec_j(finish(acc[r, j], m0 + r, n0 + j))
+    out_stage = unroll_r(finished if rows is None else IfThen(m0 + r < rows, (finished,)))
     if partial is None:
         init: list[Stmt] = [unroll_r(vec_j(store(acc[r, j], inst.zero)))]
         last: list[Stmt] = [out_stage]

@@ -202,7 +202,7 @@ class DenseBf16(Workload):
     constant_inputs: ClassVar[tuple[str, ...]] = ("weight", "scale", "bias")
     examples: ClassVar[tuple[str, ...]] = ("dense_bf16:M=6,N=32,K=10",
                                            "dense_bf16:M=3,N=48,K=64",
-                                           "dense_bf16:M=5,N=32,K=6,data=f32,epilogue=bias+relu")
+                                           "dense_bf16:M=19,N=32,K=6,data=f32,epilogue=bias+relu")
 
     def input_shapes(self) -> dict[str, Shape]:
         return {"data": (self.M, self.K), "weight": (self.N, self.K),

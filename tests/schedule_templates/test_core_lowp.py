@@ -5,6 +5,7 @@ CPUs without AVX-512 BF16."""
 
 import ctypes
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -167,6 +168,19 @@ def test_bf16_rounds_fp32_activations_in_the_kernel(threads):
     np.testing.assert_allclose(np.maximum(rounded * inputs["scale"] + inputs["bias"]
                                           + inputs["residual"], 0.0),
                                workload.reference(inputs), rtol=1e-6, atol=1e-6)
+
+
+@needs_bf16
+def test_bf16_rows_past_m_are_computed_but_never_stored() -> None:
+    # M=19 is computed as 24 rows (whole register tiles); rows 19..23 must not be stored, or
+    # the output's neighbours would change; the fused GELU stays vectorized (outside the test)
+    key = "dense_bf16:M=19,N=48,K=20,data=f32,epilogue=bias+residual+gelu"
+    workload = parse_workload(key)
+    assert math.prod(get_template("dense_bf16").default_config(workload)["tile_m"]) == 24
+    entities = {"tile_m": (3, 1, 8), "tile_n": (1, 3, 16), "tile_k": (2, 5, 1),
+                "outer_order": "mn", "inner_order": "mn", "parallel": "mn"}
+    out, ref, _ = run(key, entities=entities, threads=2)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @needs_vnni
