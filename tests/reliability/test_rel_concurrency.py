@@ -65,7 +65,11 @@ def burst(url: str, paths: list[str], rounds: int) -> tuple[list[tuple[int, floa
                                                              float]:
     """``READS`` readers start at once, each reading ``rounds`` times over one shared client
     (a connection each); returns ((status, seconds) per read, start, end)."""
-    browser = httpx.Client(base_url=url, timeout=120, limits=httpx.Limits(max_connections=READS))
+    # idle connections expire here before the server's 5 s keep-alive does: a loaded machine
+    # otherwise hands a reader a pooled connection the server is closing (a reset, not an error
+    # of the server's)
+    browser = httpx.Client(base_url=url, timeout=120, limits=httpx.Limits(
+        max_connections=READS, keepalive_expiry=1.0))
     ready = threading.Barrier(READS)
 
     def read(n: int) -> list[tuple[int, float]]:
