@@ -57,11 +57,11 @@ def bf16_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path,
     builds, ``fp32_default`` our fp32 build, ``openvino`` OpenVINO in bf16, ``onnxruntime``
     fp32."""
     path = str(model.path)
-    libraries = {"default": build(path, tmp / "bf16", precision="bf16")}
+    libraries = {"default": build(path, tmp / "default", precision="bf16")}
     if libraries["default"].get("bf16_layers") == 0:
         logger.info("%s: no dense layer the bf16 template takes; no bf16 row", model.name)
         return []
-    libraries["fp32_default"] = build(path, tmp / "fp32")
+    libraries["fp32_default"] = build(path, tmp / "fp32_default")
     tunings = {count: tune_tasks(model, count, trials) for count in threads}
     rows = []
     for count in threads:
@@ -73,9 +73,8 @@ def bf16_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path,
         for name, library in (("default", "default"), ("fp32_default", "fp32_default"),
                               ("tuned", f"tuned-t{count}")):
             built = libraries.get(library, {"skipped": "no tuned configs"})
-            folder = tmp / {"default": "bf16", "fp32_default": "fp32"}.get(library, library)
             engines[name] = (built if "error" in built or "skipped" in built
-                             else run_ours(path, folder, count, iterations))
+                             else run_ours(path, tmp / library, count, iterations))
         engines["onnxruntime"] = run_peer("onnxruntime", path, count, iterations)
         engines["openvino"] = run_peer("openvino-bf16", path, count, iterations)
         engines["torch"] = {"error": "not measured for bf16"}

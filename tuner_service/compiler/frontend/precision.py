@@ -4,10 +4,10 @@ With ``bf16`` every ``dense`` layer (a Gemm or MatMul with a constant weight) wh
 bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with ``data=f32``:
 the same inputs, fused epilogue and fp32 output, the products on bfloat16 values summed in fp32
 (weights rounded once at pack time, activations inside the kernel). Tensors between layers stay
-fp32, so nothing else in the plan changes. Other layers keep fp32; ``bf16_layers`` says which
-were cast. It is a choice of the user's (``tuner build --precision bf16``): the error it brings
-(about 3 significant digits per product) is what bf16 inference accepts, and whether it is
-faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
+fp32, so nothing else in the plan changes. Other layers keep fp32 (``tuner build --json``
+reports ``bf16_layers``). It is a choice of the user's (``tuner build --precision bf16``): the
+error it brings (about 3 significant digits per product) is what bf16 inference accepts, and
+whether it is faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,3 @@ def apply_precision(layers: Sequence[Layer], precision: str) -> list[Layer]:
     """``layers`` with each workload at ``precision`` (``at_precision``)."""
     return [dataclasses.replace(layer, workload=at_precision(layer.workload, precision))
             for layer in layers]
-
-
-def bf16_layers(layers: Sequence[Layer]) -> int:
-    return sum(layer.workload.op == "dense_bf16" for layer in layers)
