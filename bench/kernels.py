@@ -163,7 +163,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", default="llvm",
                         help="llvm, or cuda -arch=sm_90 (tuned on the GPU, against cuBLAS/cuDNN)")
-    parser.add_argument("--only", help="substring filter on workload keys")
+    parser.add_argument("--only", action="append",
+                        help="substring filter on workload keys (repeat: any of them)")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     parser.add_argument("--no-lowp", action="store_true",
                         help="skip the int8 and bf16 columns of dense and convolution rows")
@@ -174,7 +175,7 @@ def main() -> None:
     lowp_peaks = {} if gpu or args.no_lowp else dot_peaks(args.threads)
     rows = []
     keys = [*CUDA_EXTRA, *ALL] if gpu else ALL
-    for key in [k for k in keys if not args.only or args.only in k]:
+    for key in [k for k in keys if not args.only or any(part in k for part in args.only)]:
         row: dict[str, Any] = {"workload": key, "threads": args.threads, "trials": trials}
         row.update(tune_one(key, args.threads, trials, args.tuner, args.seed, args.target))
         row.update(baselines(key, args.threads, args.target))
@@ -204,7 +205,7 @@ def main() -> None:
             [by_key[k]["vs_torch"] for k in RESNET18_CONVS if k in by_key]),
         "resnet18_3x3_min_fraction_of_peak": min(
             (by_key[k]["fraction_of_peak"] for k in RESNET18_CONVS
-             if k in by_key and "R=3" in k), default=None),
+             if k in by_key and "R=3" in k and by_key[k]["fraction_of_peak"]), default=None),
         "depthwise_geomean_vs_torch": geomean(
             [by_key[k]["vs_torch"] for k in MOBILENET_V2_DEPTHWISE if k in by_key]),
     }

@@ -138,7 +138,7 @@ class FakeGpu:
                 return Function(name)
 
         compiler.SourceModule = SourceModule
-        compiler.CompileError = CompileError
+        drv.CompileError = CompileError  # where pycuda defines it (not in pycuda.compiler)
         package = types.ModuleType("pycuda")
         package.driver, package.compiler = drv, compiler
         return package

@@ -231,8 +231,10 @@ class CudaBackend(Backend):
             self._context = None
 
     def _build(self, cuda: CudaKernel) -> Any:
-        from pycuda.compiler import CompileError, SourceModule
+        from pycuda.compiler import SourceModule
 
+        # pycuda raises nvcc failures as pycuda.driver.CompileError
+        CompileError = self._drv.CompileError  # noqa: N806
         try:
             return SourceModule(cuda.source, arch=self.arch, no_extern_c=True,
                                 options=self._nvcc_options)
