@@ -234,11 +234,11 @@ class CudaBackend(Backend):
         from pycuda.compiler import SourceModule
 
         # pycuda raises nvcc failures as pycuda.driver.CompileError
-        CompileError = self._drv.CompileError  # noqa: N806
+        compile_error = self._drv.CompileError
         try:
             return SourceModule(cuda.source, arch=self.arch, no_extern_c=True,
                                 options=self._nvcc_options)
-        except CompileError as e:
+        except compile_error as e:
             raise DeviceCompileError(f"nvcc failed for {cuda.name}: {e}") from e
 
 
