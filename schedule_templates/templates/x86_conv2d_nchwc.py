@@ -145,7 +145,9 @@ class Conv2dNCHWcX86(Template):
             cb, cb_loop = loop(f"{name}cb", wl.blocks_in)
             r, r_loop = loop(f"{name}r", wl.R)
             s, s_loop = loop(f"{name}s", wl.S, kinds["unroll_s"])
-            c, c_loop = loop(f"{name}c", b, kinds["unroll_c"])
+            # a layer with fewer input channels than a block (an RGB stem) reads only the real
+            # ones: the rest of its single block is zero padding
+            c, c_loop = loop(f"{name}c", min(b, wl.C), kinds["unroll_c"])
             oh, ow = hb * oht + a, first + p
             acc = Buffer(f"acc_{name}", (oht, width, kbt, b), Scope.LOCAL)
 
