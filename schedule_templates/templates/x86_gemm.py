@@ -114,7 +114,7 @@ def gemm_default(space: ConfigSpace, M: int, N: int, K: int, batch: int = 1) -> 
     mr, nr = register_tile(M, N, registers)
     # a tile that takes every accumulator of a 16-register file (AVX2's 7 x 16) leaves two
     # registers for the reduction step: unrolled by 4 it ran at 46-62% of the speed of 2
-    # (ConvNeXt's and ViT's 49- and 784-row denses on Zen 3; 12 accumulators were level)
+    # (ConvNeXt-T's 49- and 784-row denses on Zen 3; 12 accumulators were level)
     full = registers.accumulators == NARROW_ACCUMULATORS and (
         mr * registers.vregs(nr) == registers.accumulators)
     ku = largest_divisor(K, MAX_KU, prefer=(2, 4) if full else (4, 2))
