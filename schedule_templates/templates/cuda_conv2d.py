@@ -31,9 +31,9 @@ from schedule_templates.templates.cuda_tiling import (
     GemmProblem,
     GemmTiles,
     Operand,
-    gemm_default,
     gemm_nest,
     gemm_space,
+    small_grid_default,
     vector_width,
 )
 from schedule_templates.templates.epilogue import epilogue_stage
@@ -64,7 +64,8 @@ class Conv2dCuda(Template):
         return gemm_space(1, M, N, K, device)
 
     def default_config(self, workload: Workload) -> Config:
-        return gemm_default(self.space(workload))
+        M, N, _ = _gemm_shape(as_workload(workload, Conv2d))
+        return small_grid_default(self.space(workload), M, N)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = as_workload(workload, Conv2d)

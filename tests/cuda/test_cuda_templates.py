@@ -216,3 +216,21 @@ def test_default_grouped_conv_fills_the_gpu(key):
     blocks = cuda.grid[0] * cuda.grid[1] * cuda.grid[2]
     assert blocks >= DeviceLimits().multiprocessor_count
     assert cuda.grid[2] == workload.groups
+
+
+@pytest.mark.parametrize("key, small", [
+    ("conv2d:N=1,C=256,H=14,W=14,K=256,R=3,S=3,pad=1", True),  # 4 classic blocks
+    ("conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1", True),  # 25
+    ("conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3", False),  # 98: keeps the classic
+    ("conv2d:N=8,C=64,H=56,W=56,K=256,R=1,S=1", False),
+])
+def test_default_conv_takes_the_measured_small_grid_tile(key, small, nvcc_compile):
+    """Where the classic tile leaves over half of the SMs idle, the conv default is the 64x16
+    tile measured on an H200 (docs/cuda.md); it lowers and compiles like any other config."""
+    workload = parse_workload(key)
+    template = get_template(workload.op, TARGET)
+    config = template.default_config(workload)
+    tiles = GemmTiles.of(config)
+    assert ((tiles.bm, tiles.bn, tiles.threads) == (64, 16, 128)) is small
+    cuda = generate_cuda(template.lower(workload, config))
+    nvcc_compile([(key, cuda.source)])
