@@ -9,10 +9,11 @@ On the CPU, each dense row also tunes the same shape in int8 (u8 x s8, requantiz
 where the host has it, vpmaddwd on AVX2) and bf16 (fp32 accumulation; hosts with AVX-512 BF16
 only), and each convolution row (conv2d, group and depthwise) its ``conv2d_int8`` twin, and
 reports them against our fp32 kernel and against the peak of its own instruction, measured by the
-same generated loop as the fp32 peak (``int8_peak_gops``: vpdpbusd, ``bf16_peak_gops``:
-vdpbf16ps; where one issues less often than an FMA, as vdpbf16ps does on Intel's Xeons, the
-low-precision kernel cannot reach twice the fp32 one). ``--no-lowp`` skips; shapes a
-low-precision layout cannot take get a ``*_skipped`` reason instead.
+same generated loop as the fp32 peak (``int8_peak_gops``: vpdpbusd, or vpmaddwd + vpaddd on
+AVX2 hosts; ``bf16_peak_gops``: vdpbf16ps; where one issues less often than an FMA, as
+vdpbf16ps does on Intel's Xeons, the low-precision kernel cannot reach twice the fp32 one).
+``--no-lowp`` skips; shapes a low-precision layout cannot take get a ``*_skipped`` reason
+instead.
 """
 
 from __future__ import annotations
@@ -116,8 +117,11 @@ DOT_FEATURE = {"int8": "+avx512vnni", "bf16": "+avx512bf16"}
 def dot_peaks(threads: int) -> dict[str, float]:
     """column -> the peak of its dot-product instruction on this host, where it has one."""
     features = set(host_features().split(","))
-    return {column: measure_peak_gflops(threads, instruction=DOT_INSTRUCTION[column])
-            for column, feature in DOT_FEATURE.items() if feature in features}
+    peaks = {column: measure_peak_gflops(threads, instruction=DOT_INSTRUCTION[column])
+             for column, feature in DOT_FEATURE.items() if feature in features}
+    if "int8" not in peaks and "+avx2" in features:  # int8 runs on vpmaddwd there
+        peaks["int8"] = measure_peak_gflops(threads, instruction="pmaddwd")
+    return peaks
 
 
 def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int
