@@ -23,3 +23,7 @@ class DeviceCompileError(CodegenError):
 
 class UnsupportedHostError(CodegenError):
     """The kernel needs CPU features (VNNI, AVX-512 BF16) that this host lacks."""
+
+
+class MessageError(ScheduleError, ValueError):
+    """A protocol message (or target string) that does not follow docs/worker-protocol.md."""

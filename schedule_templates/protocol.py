@@ -2,8 +2,8 @@
 
 One type per thing that crosses a process boundary, decoded there once and trusted by type after:
 
-- ``Target``: a target string parsed into its kind (``llvm``, ``cuda``) and its options
-  (``-mcpu=znver4``, ``-arch=sm_90``); the one place a target string is split.
+- ``Target`` (``target.py``, re-exported here): a target string parsed into its kind (``llvm``,
+  ``cuda``) and its options (``-mcpu=znver4``, ``-arch=sm_90``).
 - ``Candidate``: what to build, by name only (template, template version, workload key, config);
   ``decode`` checks it against this process's own templates.
 - ``ClaimItem``: one claimed candidate with its measure id, target, run options and threads.
@@ -17,12 +17,13 @@ only: a worker imports this without the server's dependencies.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from schedule_templates.errors import InvalidConfigError, ScheduleError
+from schedule_templates.errors import InvalidConfigError, MessageError
 from schedule_templates.records import MeasureOptions, MeasureResult
+from schedule_templates.target import Target
+from schedule_templates.templates.base import template_by_name
 from schedule_templates.workloads import parse_workload
 
 if TYPE_CHECKING:
@@ -32,61 +33,6 @@ if TYPE_CHECKING:
 
 #: a measurement's id: the server's are integers, test servers may use text
 MeasureId = int | str
-#: a worker target with more options than this serves only its own string and its bare kind
-_MAX_OPTION_SUBSETS = 6
-
-
-class MessageError(ScheduleError, ValueError):
-    """A protocol message that does not follow docs/worker-protocol.md."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A parsed target: ``llvm``, ``llvm -mcpu=znver4``, ``cuda -arch=sm_90``.
-
-    A job's target names what it needs; a worker's names what it is. A ``cuda`` worker resolves
-    its architecture from its device when it starts (``with_option("-arch", ...)``), a job
-    usually does not name one: ``serves`` is the one rule that matches the two."""
-
-    kind: str
-    options: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> Target:
-        words = text.split() if isinstance(text, str) else []
-        if not words:
-            raise MessageError(f"a target needs a kind such as llvm or cuda, got {text!r}")
-        return cls(words[0], tuple(words[1:]))
-
-    def __str__(self) -> str:
-        return " ".join((self.kind, *self.options))
-
-    def option(self, name: str) -> str | None:
-        """The value of ``name=value`` (``option("-arch")`` -> ``sm_90``), None when absent."""
-        for word in self.options:
-            key, eq, value = word.partition("=")
-            if eq and key == name:
-                return value
-        return None
-
-    def with_option(self, name: str, value: str) -> Target:
-        """This target with ``name=value`` set (replacing a value it had)."""
-        kept = tuple(w for w in self.options if w.partition("=")[0] != name)
-        return Target(self.kind, (*kept, f"{name}={value}"))
-
-    def serves(self, job: Target) -> bool:
-        """Whether a worker of this target may measure a job for ``job``: the same kind, and
-        every option the job names the worker has too (``cuda -arch=sm_90`` serves ``cuda``
-        and ``cuda -arch=sm_90``, not ``cuda -arch=sm_80``)."""
-        return self.kind == job.kind and set(job.options) <= set(self.options)
-
-    def served(self) -> list[str]:
-        """The job target strings this worker target ``serves`` (every subset of its options,
-        in its order), for a claim that matches stored job targets with ``IN``."""
-        if len(self.options) > _MAX_OPTION_SUBSETS:
-            return sorted({str(self), self.kind})
-        return [" ".join((self.kind, *subset)) for n in range(len(self.options) + 1)
-                for subset in itertools.combinations(self.options, n)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +70,6 @@ class Candidate:
     def decode(self) -> Decoded:
         """Parse the workload, find the template and check the config against its space;
         InvalidConfigError / InvalidWorkloadError name what does not fit."""
-        # Imported here: templates.base imports this module (``Target``).
-        from schedule_templates.templates.base import template_by_name
-
         workload = parse_workload(self.workload)
         template = template_by_name(self.template)
         if workload.op != template.op:

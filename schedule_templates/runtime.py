@@ -19,8 +19,8 @@ from schedule_templates.codegen.llvm_ir import LLVMGenerator
 from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
 from schedule_templates.errors import InvalidConfigError, UnsupportedHostError
 from schedule_templates.ir.nodes import Buffer, Kernel
-from schedule_templates.protocol import Target
 from schedule_templates.space import Config
+from schedule_templates.target import Target
 from schedule_templates.templates.base import Template
 from schedule_templates.workloads import Workload
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from schedule_templates.errors import InvalidConfigError, InvalidWorkloadError
 from schedule_templates.ir.nodes import Kernel
-from schedule_templates.protocol import Target
 from schedule_templates.space import Config, ConfigSpace
+from schedule_templates.target import Target
 from schedule_templates.workloads import Workload
 
 

@@ -1,0 +1,1 @@
+"""Schedule templates, one module each; ``base`` discovers and registers them."""
