@@ -5,7 +5,6 @@ claim and report bodies are validated by ``api/wire.py``, the rest by FastAPI.""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import (
@@ -18,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from schedule_templates.protocol import ClaimItem, Report
+from schedule_templates.protocol import Report
 from schedule_templates.records import ErrorKind, MeasureResult
 from tuner_service.api.schemas import MAX_SECONDS, Body, FreeJson, Id
 from tuner_service.db.states import ReportStatus
@@ -54,12 +53,7 @@ class ClaimRequest(Body):
 
 
 class ClaimAnswer(BaseModel):
-    items: list[dict[str, Any]]
-
-    @classmethod
-    def of(cls, items: Sequence[ClaimItem]) -> ClaimAnswer:
-        """The protocol's items as JSON (docs/worker-protocol.md)."""
-        return cls(items=[item.to_json() for item in items])
+    items: list[dict[str, Any]]  # ``ClaimItem.to_json`` of each, encoded by the claim route
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS)]
