@@ -12,15 +12,14 @@ from typing import Any
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
-from schedule_templates.errors import ScheduleError
-from schedule_templates.workloads import parse_workload
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task, TuningLogEntry
 from tuner_service.db.states import MEASUREMENT_PENDING, MeasurementState, TaskStatus
 from tuner_service.jobs import log
 from tuner_service.jobs.health import job_health
+from tuner_service.jobs.results import CONFIRM
 from tuner_service.jobs.timings import timing_medians
-from tuner_service.jobs.views import iso, job_summary
+from tuner_service.jobs.views import describe, iso, job_summary
 
 #: the columns of one point, in the order each point's list holds them
 POINT_FIELDS = ("id", "task_id", "latency_s", "error_kind", "finished_at", "config_index")
@@ -29,13 +28,6 @@ ERROR_TEXT = 300  # characters of an error message sent with a point
 #: workers' throughput is counted over the last RATE_WINDOW_S, error rates over ERROR_WINDOW_S
 RATE_WINDOW_S = 300.0
 ERROR_WINDOW_S = 3600.0
-
-
-def describe(key: str) -> str:
-    try:
-        return parse_workload(key).describe()
-    except ScheduleError:
-        return key
 
 
 def server_time(session: Session) -> str | None:
@@ -134,7 +126,7 @@ def job_points(session: Session, job_id: int, since_id: int
     and drops the ids it already holds (measurements in flight finish out of id order).
     """
     # re-measurements of the top candidates (``jobs.confirm``) are not trials
-    in_job = and_(JobTask.job_id == job_id, Measurement.purpose != "confirm")
+    in_job = and_(JobTask.job_id == job_id, Measurement.purpose != CONFIRM)
     # The lowest id still in flight, read BEFORE the points: one that finishes in between
     # then stays above the cursor and is sent next time.
     pending_min = session.scalar(

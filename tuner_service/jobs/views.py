@@ -38,7 +38,8 @@ def epoch(value: dt.datetime | None) -> float:
     return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
 
 
-def _describe(key: str) -> str:
+def describe(key: str) -> str:
+    """A workload key in words, or the key itself when it does not parse."""
     try:
         return parse_workload(key).describe()
     except Exception:  # a description is cosmetic; never fail a status read for it
@@ -57,7 +58,7 @@ def task_status(jt: JobTask, task: Task) -> dict[str, Any]:
     best = jt.best_cost
     return {
         "task_id": task.id, "workload": task.workload_key, "weight": task.weight,
-        "flops": task.flops, "template": jt.template, "description": _describe(task.workload_key),
+        "flops": task.flops, "template": jt.template, "description": describe(task.workload_key),
         "trials_done": jt.trials_done, "trials_budget": jt.trials_budget,
         "best_gflops": task.flops / best / 1e9 if best else None,
         "best_latency_s": best, "status": jt.status, "message": jt.message,
