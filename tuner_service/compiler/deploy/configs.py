@@ -130,7 +130,7 @@ class ConfigBook:
                                template.name, template.version)
                 continue
             try:
-                config = template.space(workload).from_json(entry.config)
+                config = template.cached_space(workload).from_json(entry.config)
                 template.check(workload, config)
             except ScheduleError as e:
                 logger.warning("ignoring the tuned config of %s: %s", key, e)

@@ -26,6 +26,7 @@ import onnx
 
 from schedule_templates.errors import ScheduleError
 from schedule_templates.ir.nodes import Buffer
+from schedule_templates.protocol import Target
 from schedule_templates.runtime import NUMPY_DTYPES, buffer_array, lower
 from schedule_templates.templates.base import get_template
 from tuner_service.compiler.deploy.configs import Choice, ConfigBook
@@ -89,7 +90,7 @@ def int8_kernel_specs(proto: onnx.ModelProto, book: ConfigBook, target: str
         specs[workload.key] = Int8KernelSpec(symbol, entry, kernel)
     for key, reason in skipped.items():
         logger.warning("int8 layers of %s run as numpy reference steps: %s", key, reason)
-    if target.startswith("llvm"):
+    if Target.parse(target).kind == "llvm":
         for op, layers in glue_ops(proto):
             symbol = f"q{len(specs):03d}_{op.kind}"
             kernel = dataclasses.replace(op.lower(), name=symbol)
