@@ -107,10 +107,6 @@ def check_location(location: str) -> str:
     return normal
 
 
-def has_external_data(proto: onnx.ModelProto) -> bool:
-    return any(_is_external(t) for _, t in all_tensors(proto))
-
-
 def external_locations(proto: onnx.ModelProto) -> list[str]:
     """The checked locations the model's tensors name, each once, in order of appearance."""
     found: dict[str, None] = {}
