@@ -14,7 +14,11 @@ weights); with padded columns the tiles go to a workspace and only the real ones
 The output stage converts to fp32, scales, clamps to the output range less its zero point,
 rounds half to even, adds the zero point and narrows: onnxruntime's QLinearMatMul rounding
 (clamping before rounding gives the same integers as after, since the bounds are integers)
-without an integer overflow on the way. AMX tiles are a later step.
+without an integer overflow on the way. With ``add`` (a quantized addition of a per-column
+constant fused after the product, ``DenseInt8``), the 8-bit value is not stored: it is
+dequantized, the constant added and the sum quantized again in registers, in the fp32 operations
+of the unfused glue kernel (``ops.quant.QuantizedBinary``), so the bytes are the same. AMX tiles
+are a later step.
 """
 
 from __future__ import annotations
@@ -99,13 +103,16 @@ class DenseInt8X86(Template):
         compensation = Buffer("compensation", (n_pad,), dtype="int32")
         scale = Buffer("scale", (n_pad,) if wl.scale == "channel" else (1,))
         zero_point = Buffer("out_zero_point", (1,), dtype="int32")
-        out = Buffer("out", (wl.M, wl.N), dtype=OUT_DTYPES[wl.out])
+        added = _AddBuffers(n_pad) if wl.add != "none" else None
+        out = Buffer("out", (wl.M, wl.N), dtype=OUT_DTYPES[wl.add if added else wl.out])
         tiles = out if n_pad == wl.N else Buffer("out_padded", (wl.M, n_pad), Scope.WORKSPACE,
                                                   out.dtype)
 
         def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
             value = requantized(acc + compensation[n],
                                 scale[n if wl.scale == "channel" else 0], zero_point[0], wl.out)
+            if added is not None:
+                value = added.expr(value, n, wl.add)
             return store(tiles[m, n], value)
 
         partial = partial_buffer(config, wl.M, n_pad, inst)
@@ -118,7 +125,8 @@ class DenseInt8X86(Template):
         if partial is not None:
             workspaces.append(partial)
         params = (data, packed, compensation, scale,
-                  *(() if wl.out == "f32" else (zero_point,)), out)
+                  *(() if wl.out == "f32" else (zero_point,)),
+                  *(added.params if added else ()), out)
         return Kernel("dense_int8_x86", params, tuple(workspaces), tuple(stages))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
@@ -141,7 +149,43 @@ class DenseInt8X86(Template):
         if wl.out != "f32":
             zp_type = np.uint8 if wl.out == "u8" else np.int8
             args["out_zero_point"] = typed(inputs, "out_zero_point", zp_type).astype(np.int32)
+        if wl.add != "none":
+            args.update(_AddBuffers.pack(inputs, n_pad))
         return args
+
+
+class _AddBuffers:
+    """The fused addition's arguments: the constant negated (``x - (-c)``: the code generator
+    contracts ``p * q + r`` into an FMA, which rounds once where the glue kernel rounds twice;
+    negating is exact), [input scale, output scale] and [input zero point, output zero point]."""
+
+    def __init__(self, columns: int) -> None:
+        self.negated = Buffer("add_negated", (columns,))
+        self.scales = Buffer("add_scale", (2,))
+        self.zero_points = Buffer("add_zero_point", (2,), dtype="int32")
+        self.params = (self.negated, self.scales, self.zero_points)
+
+    def expr(self, q: Expr, n: Expr, out: str) -> Expr:
+        """The 8-bit ``q`` dequantized, plus the constant, quantized to ``out``: the glue's
+        ``(float(q) - zp) * scale``, then ``sum / scale_out`` clamped to the range less the
+        zero point, rounded half to even, plus the zero point."""
+        x = (cast("float32", q) - cast("float32", self.zero_points[0])) * self.scales[0]
+        value = x - self.negated[n]
+        lo, hi = QUANT_RANGES[out]
+        zp = cast("float32", self.zero_points[1])
+        scaled = value / self.scales[1]
+        clamped = fmin(fmax(scaled, Const(float(lo), "float32") - zp),
+                       Const(float(hi), "float32") - zp)
+        return cast(OUT_DTYPES[out], cast("int32", intrinsic("roundeven", clamped))
+                    + self.zero_points[1])
+
+    @staticmethod
+    def pack(inputs: Mapping[str, np.ndarray], columns: int) -> dict[str, np.ndarray]:
+        value = np.asarray(inputs["add_value"], dtype=np.float32).reshape(-1)
+        return {"add_negated": _pad(-value, columns),
+                "add_scale": np.asarray(inputs["add_scale"], np.float32).reshape(2),
+                "add_zero_point": np.asarray(inputs["add_zero_point"]).astype(np.int32
+                                                                              ).reshape(2)}
 
 
 def _reads_data_in_place(wl: DenseInt8, inst: DotInstruction) -> bool:

@@ -13,6 +13,12 @@ uint8 or int8; ``out=f32`` keeps the dequantized ``acc * scale`` instead. ``bias
 int32 bias per output channel to the accumulator before scaling (QGemm's, quantized with scale
 data_scale * weight_scale). Weight zero points
 other than zero are not supported (they would need row sums of the activations in the kernel).
+``add=u8|s8`` fuses the quantized addition of a per-column constant that follows the product in
+a QDQ model (BERT's bias: ``Int8Add`` of the 8-bit output and an 8-bit vector) into the output
+stage, exactly as the two steps compute it (``add_requantized``): the u8/s8 output above is
+dequantized with its own scale and zero point (``add_scale[0]``, ``add_zero_point[0]``),
+``add_value`` (the constant, already dequantized to fp32) is added, and the sum is quantized
+with ``add_scale[1]`` and ``add_zero_point[1]`` to the type ``add`` names.
 
 ``dense_bf16`` takes bfloat16 activations (numpy uint16 holding the bits) and fp32 weights,
 which a template rounds to bfloat16 once at pack time; products accumulate in fp32. The
@@ -30,6 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads.base import Shape, Workload, register
 from schedule_templates.workloads.epilogue import NO_EPILOGUE, Epilogue
 
@@ -48,6 +55,8 @@ QUANT_CHOICES: dict[str, tuple[str, ...]] = {
     "bias": ("none", "s32"),
 }
 QUANT_CONSTANTS = ("weight", "data_zero_point", "scale", "bias", "out_zero_point")
+#: the fused quantized addition's inputs (``dense_int8``'s ``add``)
+ADD_INPUTS = ("add_value", "add_scale", "add_zero_point")
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:
@@ -114,10 +123,27 @@ def requantize(acc: np.ndarray, scale: np.ndarray, zero_point: int | None, out: 
     return np.clip(q, lo, hi).astype(QUANT_NUMPY[out])
 
 
+def add_requantized(q: np.ndarray, inputs: Mapping[str, np.ndarray], out: str) -> np.ndarray:
+    """A quantized addition of a per-column constant after an 8-bit output ``q`` (rows by
+    columns), in the fp32 operations and order of the unfused ``DequantizeLinear`` x2 -> Add
+    -> ``QuantizeLinear``: ``(float(q) - zp_in) * scale_in + add_value``, divided by
+    ``scale_out``, rounded half to even, plus ``zp_out``, saturated to ``out``."""
+    scales = np.asarray(inputs["add_scale"], np.float32).reshape(-1)
+    zps = np.asarray(inputs["add_zero_point"]).reshape(-1).astype(np.float32)
+    value = np.asarray(q).astype(np.float32)
+    value -= zps[0]
+    value *= scales[0]
+    value += np.asarray(inputs["add_value"], np.float32).reshape(-1)
+    lo, hi = QUANT_RANGES[out]
+    rounded = np.rint(value / scales[1]) + zps[1]
+    return np.clip(rounded, lo, hi).astype(QUANT_NUMPY[out])
+
+
 @register
 @dataclasses.dataclass(frozen=True)
 class DenseInt8(Workload):
-    """``out[M,N] = requantize((data[M,K] - zp) . weight[N,K]^T)``, u8 x s8 -> s32."""
+    """``out[M,N] = requantize((data[M,K] - zp) . weight[N,K]^T)``, u8 x s8 -> s32 (then, with
+    ``add``, the fused quantized addition of a per-column constant)."""
 
     M: int
     N: int
@@ -125,6 +151,7 @@ class DenseInt8(Workload):
     out: str = "u8"
     scale: str = "channel"
     bias: str = "none"
+    add: str = "none"
 
     op: ClassVar[str] = "dense_int8"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
@@ -132,17 +159,33 @@ class DenseInt8(Workload):
         "N": ("int", None),
         "K": ("int", None),
         **QUANT_PARAMS,
+        "add": ("choice", "none"),
     }
-    choices: ClassVar[dict[str, tuple[str, ...]]] = QUANT_CHOICES
-    constant_inputs: ClassVar[tuple[str, ...]] = QUANT_CONSTANTS
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {**QUANT_CHOICES,
+                                                     "add": ("none", "u8", "s8")}
+    constant_inputs: ClassVar[tuple[str, ...]] = (*QUANT_CONSTANTS, *ADD_INPUTS)
     examples: ClassVar[tuple[str, ...]] = (
         "dense_int8:M=6,N=32,K=12", "dense_int8:M=5,N=48,K=64,out=s8,scale=tensor",
         "dense_int8:M=4,N=16,K=8,out=f32", "dense_int8:M=3,N=20,K=10,bias=s32",
-        "dense_int8:M=7,N=33,K=13,out=s8")
+        "dense_int8:M=7,N=33,K=13,out=s8", "dense_int8:M=7,N=33,K=13,bias=s32,add=u8",
+        "dense_int8:M=5,N=20,K=12,out=s8,scale=tensor,add=s8")
+
+    def validate(self) -> None:
+        if self.add != "none" and self.out == "f32":
+            raise InvalidWorkloadError("dense_int8: a fused addition (add=...) follows an 8-bit "
+                                       "output; out=f32 has none")
+
+    def base_workload(self) -> Workload:
+        """The product without the fused addition: the same search space and FLOPs (the
+        addition changes only the output stage), so the same records serve both."""
+        return self if self.add == "none" else dataclasses.replace(self, add="none")
 
     def input_shapes(self) -> dict[str, Shape]:
-        return quantized_shapes((self.M, self.K), (self.N, self.K), self.N, self.scale,
-                                self.bias, self.out)
+        shapes = quantized_shapes((self.M, self.K), (self.N, self.K), self.N, self.scale,
+                                  self.bias, self.out)
+        if self.add != "none":
+            shapes.update(add_value=(self.N,), add_scale=(2,), add_zero_point=(2,))
+        return shapes
 
     def output_shape(self) -> Shape:
         return (self.M, self.N)
@@ -165,17 +208,28 @@ class DenseInt8(Workload):
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         zp = inputs.get("out_zero_point")
         zero_point = None if zp is None else int(np.asarray(zp).reshape(-1)[0])
-        return requantize(self.accumulate(inputs), np.asarray(inputs["scale"]).reshape(-1),
-                          zero_point, self.out)
+        result = requantize(self.accumulate(inputs), np.asarray(inputs["scale"]).reshape(-1),
+                            zero_point, self.out)
+        return result if self.add == "none" else add_requantized(result, inputs, self.add)
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
-        return quantized_inputs(rng, (self.M, self.K), (self.N, self.K), self.K, self.N,
-                                self.scale, self.bias, self.out)
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        inputs = quantized_inputs(gen, (self.M, self.K), (self.N, self.K), self.K, self.N,
+                                  self.scale, self.bias, self.out)
+        if self.add != "none":  # a sum that moves the values by up to ~40 steps, some saturate
+            lo, hi = (96, 160) if self.add == "u8" else (-16, 16)
+            inputs["add_value"] = gen.uniform(-2.0, 2.0, size=self.N).astype(np.float32)
+            inputs["add_scale"] = gen.uniform(0.04, 0.07, size=2).astype(np.float32)
+            inputs["add_zero_point"] = np.array(
+                [int(np.asarray(inputs["out_zero_point"]).reshape(-1)[0]),
+                 int(gen.integers(lo, hi))], np.int32)
+        return inputs
 
     def describe(self) -> str:
         bias = ", int32 bias" if self.bias == "s32" else ""
+        add = f", then a quantized addition to {self.add}" if self.add != "none" else ""
         return (f"int8 dense {self.M}x{self.K} by {self.K}x{self.N} (u8 x s8 -> s32{bias}, "
-                f"{self.scale} scale, {self.out} out)")
+                f"{self.scale} scale, {self.out} out{add})")
 
 
 @register

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.helper
 import onnx.numpy_helper as nh
 import pytest
 
@@ -22,7 +23,8 @@ CONV = "conv2d_int8:N=1,C=3,H=8,W=8,K=16,R=3,S=3,stride=2,pad=1"
 
 
 @pytest.mark.parametrize(("form", "keys"), [
-    ("qdq", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256",
+    # the MatMul's bias addition is fused into its layer (``add=u8``)
+    ("qdq", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256,add=u8",
              "dense_int8:M=1,N=10,K=32,bias=s32"]),
     # QGemm reads QLinearAdd's output, which onnx (no com.microsoft schemas) cannot type
     ("qoperator", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256"]),
@@ -42,7 +44,7 @@ def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> 
     proto = load_model(quantized(tmp_path, "qdq"))
     ops = [(n.domain, n.op_type) for n in proto.graph.node]
     assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3
-    assert ops.count((INT8_DOMAIN, "Int8Add")) == 1  # the MatMul's bias, quantized by QDQ
+    assert ops.count((INT8_DOMAIN, "Int8Add")) == 0  # the MatMul's bias: fused into its layer
     # Flatten runs on the uint8 tensor: only the input's Quantize, the output's Dequantize stay
     assert ops.count(("", "DequantizeLinear")) == ops.count(("", "QuantizeLinear")) == 1
     assert not {"Conv", "MatMul", "Gemm"} & {op for _, op in ops}
@@ -55,7 +57,7 @@ def test_a_residual_input_read_as_8_bits_leaves_no_dead_dequantize(tmp_path: Pat
     its uint8 tensor after the rewrite, so its DequantizeLinear (read by nothing) is gone."""
     proto = load_model(quantized(tmp_path, "qdq", residual=True))
     ops = [(n.domain, n.op_type) for n in proto.graph.node]
-    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 5 and ops.count((INT8_DOMAIN, "Int8Add")) == 2
+    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 5 and ops.count((INT8_DOMAIN, "Int8Add")) == 1
     read = {name for node in proto.graph.node for name in node.input}
     read |= {value.name for value in proto.graph.output}
     assert all(out in read for node in proto.graph.node for out in node.output)
@@ -71,7 +73,30 @@ def test_layers_after_a_computed_reshape_are_rewritten_with_static_shapes(
     assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3 and ("", "MatMul") not in ops
     keys = [task.workload.key for task in
             extract_tasks(quantized(tmp_path, "qdq", computed_flatten=True)).tasks]
-    assert "dense_int8:M=1,N=32,K=256" in keys
+    assert "dense_int8:M=1,N=32,K=256,add=u8" in keys
+
+
+def test_a_bias_addition_is_fused_into_the_dense_layer_only_when_it_alone_reads_it(
+        tmp_path: Path) -> None:
+    """The fused layer writes the addition's output and takes its constant dequantized, with
+    the scales and zero points on both sides of it; a product whose 8-bit output something
+    else reads too (here: a graph output) keeps its separate addition."""
+    path = quantized(tmp_path, "qdq")
+    proto = load_model(path)
+    layer = next(n for n in proto.graph.node if n.name == "mm")
+    assert len(layer.input) == 9 and layer.input[6].endswith("add_value")
+    constants = {t.name: nh.to_array(t) for t in proto.graph.initializer}
+    assert constants[layer.input[6]].dtype == np.float32
+    assert constants[layer.input[6]].shape == (32,)
+    assert constants[layer.input[7]].dtype == np.float32 and constants[layer.input[7]].size == 2
+    assert constants[layer.input[8]].dtype == np.int32 and constants[layer.input[8]].size == 2
+    raw = onnx.load(path)
+    product = next(n.output[0] for n in raw.graph.node
+                   if n.op_type == "QuantizeLinear" and n.input[0] == "m")
+    raw.graph.output.append(onnx.helper.make_tensor_value_info(
+        product, onnx.TensorProto.UINT8, [1, 32]))
+    ops = [(n.domain, n.op_type) for n in load_model(raw).graph.node]
+    assert ops.count((INT8_DOMAIN, "Int8Add")) == 1
 
 
 def _initializer(proto: onnx.ModelProto, suffix: str) -> onnx.TensorProto:

@@ -11,6 +11,7 @@ import pytest
 
 from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
+from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, intrinsic, loop, store
 from schedule_templates.runtime import aligned_empty, build
 from schedule_templates.templates import x86_dot_gemm
@@ -276,3 +277,94 @@ def test_depthwise_int8_uses_int32_vectors_not_padded_words():
     assert template.space(workload).knob("tile_n")  # its own space: pixel blocks only
     _, _, asm = run(workload.key)
     assert "vpmulld" in asm and "vpmaddwd" not in asm and "vpdpbusd" not in asm
+
+
+def _two_steps(key, inputs, bias_side):
+    """The unfused path: the product's kernel to 8 bits, then the glue kernel adding the 8-bit
+    bias ``inputs["add_bytes"]`` (the first operand when ``bias_side`` is "a")."""
+    from schedule_templates.ops.quant import QuantizedBinary
+    from schedule_templates.ops.run import compile_op
+
+    fused = parse_workload(key)
+    base = fused.base_workload()
+    q, _, _ = run(base.key, {k: v for k, v in inputs.items() if k in base.input_shapes()})
+    scales, zps = inputs["add_scale"], inputs["add_zero_point"]
+    b_scale, b_zp = inputs["add_bytes_scale"], inputs["add_bytes_zero_point"]
+    kind = {"u8": "uint8", "s8": "int8"}
+    q_side = (kind[base.out], float(scales[0]), int(zps[0]))
+    b_side = (str(inputs["add_bytes"].dtype), b_scale, b_zp)
+    first, second = (b_side, q_side) if bias_side == "a" else (q_side, b_side)
+    op = QuantizedBinary(q.size, *first, *second, kind[fused.add], float(scales[1]), int(zps[1]),
+                         broadcast=bias_side, period=fused.N)
+    operands = {bias_side: inputs["add_bytes"], "b" if bias_side == "a" else "a": q.reshape(-1)}
+    compiled = compile_op(op)
+    try:
+        return compiled(operands).reshape(q.shape)
+    finally:
+        compiled.close()
+
+
+def _with_bias_bytes(workload, seed, dtype="uint8"):
+    """Inputs of a fused workload whose ``add_value`` is an 8-bit bias dequantized the way the
+    model compiler does it (``frontend.quantized_bias``)."""
+    rng = np.random.default_rng(seed)
+    inputs = workload.make_inputs(seed)
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    inputs["add_bytes"] = rng.integers(lo, hi + 1, size=workload.N).astype(dtype)
+    inputs["add_bytes_scale"] = float(np.float32(rng.uniform(0.005, 0.02)))
+    inputs["add_bytes_zero_point"] = int(rng.integers(lo, hi + 1))
+    value = inputs["add_bytes"].astype(np.float32)
+    value -= np.float32(inputs["add_bytes_zero_point"])
+    value *= np.float32(inputs["add_bytes_scale"])
+    inputs["add_value"] = value
+    return inputs
+
+
+@pytest.mark.parametrize("key", [
+    "dense_int8:M=7,N=33,K=13,bias=s32,add=u8",  # N and K padded
+    "dense_int8:M=5,N=20,K=12,out=s8,scale=tensor,add=s8",
+    "dense_int8:M=1,N=48,K=64,add=u8",  # VNNI reads the data in place
+    "dense_int8:M=3,N=17,K=5,out=u8,add=s8",
+    "dense_int8:M=9,N=64,K=40,out=s8,add=u8",
+])
+@pytest.mark.parametrize("bias_side", ["a", "b"])
+def test_fused_bias_add_is_the_two_steps_bit_for_bit(instruction, key, bias_side):
+    """The dense_int8 kernel with the quantized addition in its output stage gives the bytes of
+    the product's kernel followed by the glue kernel, whichever operand the bias was."""
+    workload = parse_workload(key)
+    inputs = _with_bias_bytes(workload, 5, "int8" if key.endswith("s8") else "uint8")
+    want = _two_steps(key, inputs, bias_side)
+    out, ref, _ = run(key, {k: v for k, v in inputs.items() if k in workload.input_shapes()})
+    assert out.dtype == want.dtype == ref.dtype and out.shape == want.shape
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(ref, want)
+    assert len(np.unique(out)) > 8  # not all saturated
+
+
+def test_fused_bias_add_rounds_like_the_glue_not_like_an_fma(instruction):
+    """A product's output of 175 plus a bias of 24 at the glue test's parameters sums to
+    3.9749997 in two fp32 roundings (output 91) and to 3.975 in one (an FMA: 92)."""
+    key = "dense_int8:M=2,N=16,K=4,scale=tensor,bias=s32,add=u8"
+    workload = parse_workload(key)
+    inputs = workload.make_inputs(0)
+    inputs["weight"][:] = 0
+    inputs["bias"][:] = 175
+    inputs["scale"][:] = 1.0
+    inputs["out_zero_point"][:] = 0
+    inputs["add_scale"] = np.array([0.0371, 0.05], np.float32)
+    inputs["add_zero_point"] = np.array([7, 12], np.int32)
+    inputs["add_value"] = np.full(16, (np.float32(24) - np.float32(130)) * np.float32(0.0213),
+                                  np.float32)
+    out, ref, _ = run(key, inputs)
+    assert (out == 91).all() and (ref == 91).all()
+
+
+def test_a_fused_add_shares_the_products_records():
+    fused = parse_workload("dense_int8:M=7,N=33,K=13,bias=s32,add=u8")
+    assert fused.base_key == "dense_int8:M=7,N=33,K=13,bias=s32"
+    template = get_template("dense_int8")
+    assert template.space(fused).size == template.space(fused.base_workload()).size
+    assert template.default_config(fused).index == template.default_config(
+        fused.base_workload()).index
+    with pytest.raises(InvalidWorkloadError, match="add"):
+        parse_workload("dense_int8:M=7,N=33,K=13,out=f32,add=u8")

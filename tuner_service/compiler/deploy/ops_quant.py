@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from schedule_templates.workloads import parse_workload
-from schedule_templates.workloads.lowp import requantize
+from schedule_templates.workloads.lowp import add_requantized, requantize
 from tuner_service.compiler.deploy.node import Array, NodeInfo, OpFn, optional, required
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
@@ -227,7 +227,8 @@ def _qgemm(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
 
 def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     """The numpy int8 reference of a quantized layer: exact accumulation, bias, requantize,
-    ReLU as a clamp at the output zero point, in the ONNX output's shape."""
+    ReLU as a clamp at the output zero point, a fused quantized addition, in the ONNX output's
+    shape."""
     workload = parse_workload(str(node.get("workload")))
     named = int8_layer_inputs(workload, inputs)
     acc = workload.accumulate(named)  # type: ignore[attr-defined]  # bias included
@@ -239,6 +240,9 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     if node.get("relu", 0):
         floor = 0 if zp is None else zp.reshape(-1)[0]
         result = np.maximum(result, floor).astype(result.dtype)
+    added = str(getattr(workload, "add", "none"))
+    if added != "none":  # a quantized bias addition fused into the layer (``quantized_bias``)
+        result = add_requantized(result, named, added)
     return [result.reshape(tuple(node.get("shape")))]
 
 

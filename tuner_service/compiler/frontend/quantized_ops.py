@@ -4,9 +4,11 @@ quantized models (MatMulInteger, ConvInteger).
 ``Int8Layer`` (domain ``tuner.int8``) stands for one quantized Conv, MatMul or Gemm with its
 requantization: inputs ``data`` (u8 activation), ``weight`` (s8, in the workload's layout),
 ``data_zero_point``, ``scale`` (x_scale * w_scale / y_scale, fp32), ``bias`` (int32, or empty)
-and ``out_zero_point`` (empty for an fp32 output); attributes ``workload`` (a ``dense_int8``
-or ``conv2d_int8`` key), ``relu`` (clamp at the output zero point) and ``shape`` (the ONNX
-output's shape). ``quantized.rewrite_quantized`` writes these nodes.
+and ``out_zero_point`` (empty for an fp32 output), then, for a ``dense_int8`` with a fused
+quantized addition (``add=u8|s8``, ``quantized_bias``), ``add_value``, ``add_scale`` and
+``add_zero_point``; attributes ``workload`` (a ``dense_int8`` or ``conv2d_int8`` key), ``relu``
+(clamp at the output zero point) and ``shape`` (the ONNX output's shape).
+``quantized.rewrite_quantized`` writes these nodes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from tuner_service.compiler.frontend.graph import GraphIndex, TensorInfo
 INT8_DOMAIN = "tuner.int8"
 INT8_OP = "Int8Layer"
 #: Int8Layer's inputs, in order (an omitted optional one is the empty name)
-INT8_INPUTS = ("data", "weight", "data_zero_point", "scale", "bias", "out_zero_point")
+INT8_INPUTS = ("data", "weight", "data_zero_point", "scale", "bias", "out_zero_point",
+               "add_value", "add_scale", "add_zero_point")
 
 _WINDOW = ("N", "C", "H", "W", "R", "S", "stride", "pad", "dilation")
 
