@@ -93,9 +93,14 @@ def op_from_json(data: Mapping[str, Any]) -> GeneratedOp:
         raise GeneratedOpError(f"unknown generated operator {kind!r}; known: "
                                f"{', '.join(sorted(_OPS))}")
     cls = _OPS[str(data["kind"])]
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    names = {f.name for f in fields}
+    # a field with a default may be absent: manifests written before it existed, and
+    # operators that leave a default out of their JSON (an fp32 transpose's dtype)
+    required = {f.name for f in fields if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}
     params = {k: _tuples(v) for k, v in data.items() if k != "kind"}
-    if set(params) != names:
+    if not required <= set(params) <= names:
         raise GeneratedOpError(f"{cls.kind}: expected fields {sorted(names)}, got {sorted(params)}")
     try:
         return cls(**params)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -154,11 +155,13 @@ class Slice(GeneratedOp):
 @register_op
 @dataclasses.dataclass(frozen=True)
 class Transpose(GeneratedOp):
-    """output = input.transpose(perm)."""
+    """output = input.transpose(perm), of fp32 or of an 8-bit or int32 type (``dtype``: a
+    quantized model moves its uint8 activations, BERT's attention heads)."""
 
     kind = "transpose"
     shape: Shape
     perm: tuple[int, ...]
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         _check_dims(self.kind, "shape", self.shape)
@@ -166,20 +169,39 @@ class Transpose(GeneratedOp):
         if sorted(self.perm) != list(range(len(self.shape))):
             raise GeneratedOpError(f"transpose: perm {self.perm} is not a permutation of "
                                    f"0..{len(self.shape) - 1}")
+        if self.dtype not in _MOVED_TYPES:
+            raise GeneratedOpError(f"transpose: dtype must be one of {', '.join(_MOVED_TYPES)}"
+                                   f", got {self.dtype!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """Without ``dtype`` when it is fp32: the keys (and kernel names) of fp32 transposes
+        stay what they were before the field existed."""
+        data = super().to_json()
+        if self.dtype == "float32":
+            del data["dtype"]
+        return data
 
     def input_shapes(self) -> dict[str, Shape]:
         return {"x": self.shape}
+
+    def input_dtypes(self) -> dict[str, str]:
+        return {"x": self.dtype}
 
     def output_shape(self) -> Shape:
         return tuple(self.shape[p] for p in self.perm)
 
     def lower(self) -> Kernel:
-        x, out = flat("x", self.shape), flat("out", self.output_shape())
+        x = Buffer("x", (math.prod(self.shape),), dtype=self.dtype)
+        out = Buffer("out", (math.prod(self.shape),), dtype=self.dtype)
         src, dst = row_major(self.shape), row_major(self.output_shape())
         axes = [Axis(self.shape[p], (src[p], d)) for p, d in zip(self.perm, dst, strict=True)]
         return Kernel(kernel_name(self.kind, self.key), (x, out), (),
                       tuple(_copy(x, out, axes, 0, 0, "t")))
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        x = np.asarray(inputs["x"], np.float32).reshape(self.shape)
+        x = np.asarray(inputs["x"], self.dtype).reshape(self.shape)
         return np.ascontiguousarray(x.transpose(self.perm))
+
+
+#: element types a transpose moves (a copy: any type, byte-exact)
+_MOVED_TYPES = ("float32", "uint8", "int8", "int32")

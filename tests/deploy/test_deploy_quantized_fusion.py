@@ -1,6 +1,7 @@
 """Quantized models with fewer passes and the same bytes: a bias addition fused into the
-``dense_int8`` layer before it (``frontend.quantized_bias``). Each model runs both ways (the
-rewrite switched off) and must give identical outputs, its 8-bit tensors too."""
+``dense_int8`` layer before it (``frontend.quantized_bias``), and 8-bit transposes on a
+generated kernel inside the native program (``deploy.int8_glue``). Each model runs both ways
+(the rewrite or kernel switched off) and must give identical outputs, its 8-bit tensors too."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import onnx.helper
 import pytest
 
 from tests.frontend.quantized_models import feeds, quantized
+from tuner_service.compiler.deploy import int8_glue
 from tuner_service.compiler.deploy.configs import ConfigBook
-from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.executor import ModelRunner, NumpyStep
 from tuner_service.compiler.deploy.int8_glue import QuantGlueStep
 from tuner_service.compiler.deploy.int8_step import Int8KernelStep
 from tuner_service.compiler.deploy.library import build_library
@@ -68,3 +70,29 @@ def test_bias_add_fused_into_the_dense_layer_gives_the_unfused_bytes(
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     x = feeds(5)
     np.testing.assert_array_equal(fused.run(x)[bias_out], session.run([bias_out], x)[0])
+
+
+def test_byte_transpose_runs_on_its_kernel_in_the_native_program(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Reshape -> Transpose -> Reshape`` of the quantized heads: the reshapes are views, the
+    transpose a uint8 copy kernel, so nothing splits the native program; the bytes are numpy's
+    transpose, and the model matches onnxruntime as before."""
+    model = quantized(tmp_path, "qdq", heads=True)
+    runner = _runner(model, tmp_path / "lib")
+    moves = [s for s in runner.steps if isinstance(s, QuantGlueStep) and s.op.kind == "transpose"]
+    assert len(moves) == 1 and moves[0].op.dtype == "uint8"
+    assert moves[0].op.output_shape() == (1, 8, 4)
+    assert not [s for s in runner.steps if isinstance(s, NumpyStep)
+                and s.node.op_type == "Transpose"]
+    assert [s.native for s in runner.plan.segments] == [True]
+
+    monkeypatch.setattr(int8_glue, "MOVES", frozenset())
+    plain = _runner(model, tmp_path / "plain")
+    assert [s.node.op_type for s in plain.steps if isinstance(s, NumpyStep)
+            and s.node.op_type == "Transpose"] == ["Transpose"]
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    for seed in (0, 1, 2):
+        x = feeds(seed)
+        got = runner.run(x)["y"]
+        np.testing.assert_array_equal(got, plain.run(x)["y"])
+        np.testing.assert_allclose(got, session.run(None, x)[0], rtol=1e-5, atol=1e-5)

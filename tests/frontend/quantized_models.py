@@ -15,14 +15,16 @@ INPUT_SHAPE = (1, 3, 8, 8)
 
 
 def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = False,
-                product: bool = False) -> onnx.ModelProto:
+                product: bool = False, heads: bool = False) -> onnx.ModelProto:
     """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor.
     ``residual`` puts a ResNet block with a projection shortcut after the first Relu:
     Add(Conv 3x3, Conv 1x1) -> Relu, both convolutions reading the same activation (a quantized
     addition of two activations of one shape). ``computed_flatten`` flattens with a Reshape
     whose target an exporter computes at run time (``Shape -> Gather -> Mul -> Div -> Concat``:
     onnx's inference gives up at the Div, as in a torchscript BERT). ``product`` multiplies the
-    residual block's two branches instead of adding them (a gate, as in BERT's GELU)."""
+    residual block's two branches instead of adding them (a gate, as in BERT's GELU).
+    ``heads`` splits the MatMul's 32 outputs into 4 heads of 8 and swaps the two axes before
+    the Gemm (``Reshape -> Transpose -> Reshape``, as BERT's attention moves its heads)."""
     rng = np.random.default_rng(seed)
 
     def weight(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
@@ -34,6 +36,9 @@ def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = 
     if computed_flatten:
         inits += [nh.from_array(np.array(v, np.int64), n) for n, v in
                   (("zero", 0), ("two", 2), ("axes", [0]), ("rest", [-1]))]
+    if heads:
+        inits += [nh.from_array(np.array([1, 4, 8], np.int64), "heads"),
+                  nh.from_array(np.array([1, 32], np.int64), "joined")]
     if residual:
         inits += [weight("w4", (16, 16, 3, 3), 0.1), weight("w5", (16, 16, 1, 1), 0.3)]
     nodes = [
@@ -54,7 +59,10 @@ def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = 
           else [oh.make_node("Flatten", ["r2" if residual else "r1"], ["f"], "flat")]),
         oh.make_node("MatMul", ["f", "w2"], ["m"], "mm"),
         oh.make_node("Add", ["m", "b2"], ["a"], "add"),
-        oh.make_node("Gemm", ["a", "w3", "b3"], ["y"], "fc", transB=1),
+        *([oh.make_node("Reshape", ["a", "heads"], ["h"], "split_heads"),
+           oh.make_node("Transpose", ["h"], ["ht"], "swap_heads", perm=[0, 2, 1]),
+           oh.make_node("Reshape", ["ht", "joined"], ["a2"], "join_heads")] if heads else []),
+        oh.make_node("Gemm", ["a2" if heads else "a", "w3", "b3"], ["y"], "fc", transB=1),
     ]
     graph = oh.make_graph(nodes, "quant_sample",
                           [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, INPUT_SHAPE)],
@@ -81,7 +89,8 @@ class _Reader:
 
 
 def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = False,
-              computed_flatten: bool = False, product: bool = False) -> Path:
+              computed_flatten: bool = False, product: bool = False, heads: bool = False
+              ) -> Path:
     """``form`` in qdq | qoperator | dynamic; the path of the quantized model.
 
     ``reduce_range`` quantizes weights to 7 bits: onnxruntime's AVX2 u8 x s8 kernel adds pairs
@@ -97,10 +106,10 @@ def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = 
     )
 
     stem = (form + ("-residual" if residual else "") + ("-computed" if computed_flatten else "")
-            + ("-product" if product else ""))
+            + ("-product" if product else "") + ("-heads" if heads else ""))
     source, target = tmp / f"float-{stem}.onnx", tmp / f"{stem}.onnx"
     onnx.save(float_model(residual=residual, computed_flatten=computed_flatten,
-                          product=product), source)
+                          product=product, heads=heads), source)
     if form == "dynamic":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8,
                          reduce_range=reduce_range)

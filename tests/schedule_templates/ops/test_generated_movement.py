@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from schedule_templates.ops.base import GeneratedOpError, op_from_json
@@ -74,3 +75,40 @@ def test_json_round_trip(op):
 def test_malformed_is_refused(data):
     with pytest.raises(GeneratedOpError):
         op_from_json(data)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("shape, perm", [
+    ((1, 13, 12, 64), (0, 2, 1, 3)),         # BERT's heads: (B, S, H, D) -> (B, H, S, D)
+    ((1, 13, 12, 64), (0, 2, 3, 1)),         # K^T: the inner axis moves, gathered
+    ((1, 12, 13, 64), (0, 2, 1, 3)),         # heads back
+    ((3, 17, 5), (2, 0, 1)),
+    ((300, 301), (1, 0)),
+    ((7,), (0,)),
+])
+def test_byte_transpose_is_numpy_exactly(dtype, shape, perm):
+    """8-bit activations (a quantized model's) move as bytes: numpy's transpose exactly."""
+    op = Transpose(shape, perm, dtype)
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(len(shape)).integers(info.min, info.max + 1, shape).astype(dtype)
+    want = np.ascontiguousarray(x.transpose(perm))
+    np.testing.assert_array_equal(op.reference({"x": x}), want)
+    compiled = compile_op(op)
+    try:
+        assert compiled.kernel.output.dtype == dtype
+        for threads in (1, 2):
+            got = compiled({"x": x}, threads=threads)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+    finally:
+        compiled.close()
+
+
+def test_an_fp32_transpose_keeps_its_key_and_a_byte_one_says_its_type():
+    assert "dtype" not in Transpose((2, 3), (1, 0)).to_json()  # as before the field existed
+    op = Transpose((2, 3), (1, 0), "uint8")
+    assert op.to_json()["dtype"] == "uint8"
+    assert op_from_json(json.loads(json.dumps(op.to_json()))) == op
+    assert op.key != Transpose((2, 3), (1, 0)).key
+    with pytest.raises(GeneratedOpError, match="dtype"):
+        Transpose((2, 3), (1, 0), "float64")

@@ -8,19 +8,24 @@ pooling, the model's input and output). Each one with per-tensor constant parame
 static size becomes a generated operator (``schedule_templates.ops.quant``) that gives numpy's
 bytes exactly; ``tuner build`` compiles one kernel per distinct operator into the library
 (listed under ``int8_kernels`` with ``generated``), and the runner calls it as a
-``QuantGlueStep``. Anything else (per-channel parameters, a broadcast other than a trailing
-vector or a scalar, shapes not known at build time) stays a numpy step.
+``QuantGlueStep``. A ``Transpose`` of an 8-bit activation (the rewrite moves data on the
+8-bit tensor itself: BERT's attention heads) is a generated copy kernel of that type
+(``ops.movement.Transpose``) bound the same way. Anything else (per-channel parameters, a
+broadcast other than a trailing vector or a scalar, shapes not known at build time) stays a
+numpy step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import onnx
 
-from schedule_templates.ops.base import GeneratedOp
+from schedule_templates.ops.base import GeneratedOp, GeneratedOpError
+from schedule_templates.ops.movement import Transpose
 from schedule_templates.ops.quant import (
     Dequantize,
     Quantize,
@@ -44,13 +49,17 @@ _TYPES: dict[int, str] = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8
                           onnx.TensorProto.FLOAT: "float32"}
 #: standard operators with a generated kernel when their parameters are per tensor
 GLUE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+#: standard data movement with a generated kernel when it moves an 8-bit activation
+MOVES = frozenset({"Transpose"})
+#: the operators a QuantGlueStep runs
+_GLUE_KINDS = (QuantizedBinary, QuantizedTable, Quantize, Dequantize, Transpose)
 
 
 def is_glue(node: onnx.NodeProto) -> bool:
     """Whether ``node`` may have a glue kernel in the library (the runner looks it up)."""
     if node.domain == INT8_DOMAIN:
         return node.op_type in (INT8_ADD, INT8_MUL, INT8_TABLE)
-    return node.domain in ("", "ai.onnx") and node.op_type in GLUE_OPS
+    return node.domain in ("", "ai.onnx") and node.op_type in GLUE_OPS | MOVES
 
 
 def glue_ops(proto: onnx.ModelProto) -> Iterator[tuple[GeneratedOp, list[str]]]:
@@ -61,7 +70,7 @@ def glue_ops(proto: onnx.ModelProto) -> Iterator[tuple[GeneratedOp, list[str]]]:
                 for out in node.output}
     found: dict[str, tuple[GeneratedOp, list[str]]] = {}
     for index, node in enumerate(proto.graph.node):
-        if node.op_type in GLUE_OPS and node.input[0] in computed:
+        if node.op_type in GLUE_OPS | MOVES and node.input[0] in computed:
             continue  # a Constant's conversion: the runner folds it at load
         op = glue_op(node, tensors, constants) if is_glue(node) else None
         if op is not None:
@@ -82,6 +91,8 @@ def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ..
         return QuantizedTable(int(np.prod(x[1], dtype=np.int64)), x[0], out)
     if node.domain == INT8_DOMAIN:
         return _quantized_add(node, tensors)
+    if node.op_type in MOVES:
+        return _byte_transpose(node, tensors, constants)
     source = node.input[0]
     if source in constants or source not in tensors:
         return None  # a weight's conversion is folded at load; an unknown size stays numpy
@@ -131,6 +142,28 @@ def _quantized_add(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[
         "mul" if node.op_type == INT8_MUL else "add")
 
 
+def _byte_transpose(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ...]]],
+                    constants: Mapping[str, onnx.TensorProto]) -> Transpose | None:
+    """A Transpose of an 8-bit activation of static shape (fp32 ones are generated layers)."""
+    found = tensors.get(node.input[0])
+    if node.input[0] in constants or found is None or found[0] not in ("uint8", "int8"):
+        return None
+    dtype, shape = found
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"),
+                list(reversed(range(len(shape)))))
+    try:
+        return Transpose(tuple(shape), tuple(int(p) for p in perm), dtype)
+    except GeneratedOpError:
+        return None
+
+
+def _out_dtype(op: QuantizedBinary | QuantizedTable | Quantize | Dequantize | Transpose
+               ) -> str:
+    if isinstance(op, Dequantize):
+        return "float32"
+    return op.dtype if isinstance(op, Transpose) else op.out_dtype
+
+
 def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape without its leading ones."""
     dims = list(shape)
@@ -172,13 +205,14 @@ class QuantGlueStep(KernelStep):
                  constants: Mapping[str, np.ndarray], shape: tuple[int, ...] | None,
                  threads: int) -> None:
         op = kernel.op
-        if not isinstance(op, QuantizedBinary | QuantizedTable | Quantize | Dequantize):
+        if not isinstance(op, _GLUE_KINDS):
             raise LibraryError(f"{node.op_type} {info.name}: its kernel is a {op.kind}, not "
                                "a quantization glue operator")
         self.node, self.info, self.op = node, info, op
         args = []
-        for name, dtype, (size,) in zip(node.input, op.input_dtypes().values(),
-                                        op.input_shapes().values(), strict=False):
+        for name, dtype, dims in zip(node.input, op.input_dtypes().values(),
+                                     op.input_shapes().values(), strict=False):
+            size = math.prod(dims)
             typed = np.dtype(NUMPY_DTYPES[dtype])
             if name in constants:
                 value = np.asarray(constants[name])
@@ -190,11 +224,11 @@ class QuantGlueStep(KernelStep):
                 args.append(BoundArg(ArgKind.FIXED, buffer, None, size, typed))
             else:
                 args.append(BoundArg(ArgKind.ACTIVATION, None, name, size, typed))
-        out = "float32" if isinstance(op, Dequantize) else op.out_dtype
-        args.append(BoundArg(ArgKind.OUTPUT, aligned_empty(op.size, zero=True,
+        out, elements = _out_dtype(op), math.prod(op.output_shape())
+        args.append(BoundArg(ArgKind.OUTPUT, aligned_empty(elements, zero=True,
                                                            dtype=NUMPY_DTYPES[out]),
-                             node.output[0], op.size, np.dtype(NUMPY_DTYPES[out])))
-        if shape is None or int(np.prod(shape, dtype=np.int64)) != op.size:
-            shape = (op.size,)
+                             node.output[0], elements, np.dtype(NUMPY_DTYPES[out])))
+        if shape is None or int(np.prod(shape, dtype=np.int64)) != elements:
+            shape = op.output_shape()
         super().__init__(cast("LoadedKernel", kernel), StepLayer((info.name,), node.output[0]),
                          args, shape, max(1, threads))
