@@ -108,6 +108,25 @@ def test_numpy_steps_split_the_program_into_segments(tmp_path: Path) -> None:
     assert_close(first, onnxruntime_outputs(model, feeds), rtol=1e-5)
 
 
+def test_a_concat_of_many_inputs_runs_natively(tmp_path: Path) -> None:
+    """DenseNet-121's last concats join 25 tensors (26 pointer arguments with the output); the
+    runtime dispatched at most 24 and ran the whole model step by step. 40 inputs here."""
+    rng = np.random.default_rng(5)
+    count = 40
+    nodes = [helper.make_node("Relu", [f"x{i}"], [f"r{i}"], name=f"relu{i}")
+             for i in range(count)]
+    nodes.append(helper.make_node("Concat", [f"r{i}" for i in range(count)], ["y"],
+                                  name="concat", axis=1))
+    model = make_model(nodes, {f"x{i}": (1, 2, 3, 5) for i in range(count)},
+                       {"y": (1, 2 * count, 3, 5)}, {})
+    runner = runner_for(model, tmp_path)
+    assert runner.native is not None and all(s.native for s in runner.plan.segments)
+    feeds = {f"x{i}": rng.standard_normal((1, 2, 3, 5)).astype(np.float32) for i in range(count)}
+    native = runner.run(feeds)
+    assert_same(native, runner.run(feeds, native=False))
+    assert_close(native, onnxruntime_outputs(model, feeds), rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", SAMPLE_MODELS)
 def test_samples_run_natively_with_the_step_paths_results(tmp_path: Path, name: str) -> None:
     runner = runner_for(build_sample_model(name), tmp_path)

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TUNER_MAX_ARGS 24
+#define TUNER_MAX_ARGS 64
 #define TUNER_PROGRAM_VERSION 1
 
 enum tuner_error {
@@ -103,6 +103,46 @@ int64_t tuner_max_args(void) { return TUNER_MAX_ARGS; }
 #define P22 P21, void *
 #define P23 P22, void *
 #define P24 P23, void *
+#define P25 P24, void *
+#define P26 P25, void *
+#define P27 P26, void *
+#define P28 P27, void *
+#define P29 P28, void *
+#define P30 P29, void *
+#define P31 P30, void *
+#define P32 P31, void *
+#define P33 P32, void *
+#define P34 P33, void *
+#define P35 P34, void *
+#define P36 P35, void *
+#define P37 P36, void *
+#define P38 P37, void *
+#define P39 P38, void *
+#define P40 P39, void *
+#define P41 P40, void *
+#define P42 P41, void *
+#define P43 P42, void *
+#define P44 P43, void *
+#define P45 P44, void *
+#define P46 P45, void *
+#define P47 P46, void *
+#define P48 P47, void *
+#define P49 P48, void *
+#define P50 P49, void *
+#define P51 P50, void *
+#define P52 P51, void *
+#define P53 P52, void *
+#define P54 P53, void *
+#define P55 P54, void *
+#define P56 P55, void *
+#define P57 P56, void *
+#define P58 P57, void *
+#define P59 P58, void *
+#define P60 P59, void *
+#define P61 P60, void *
+#define P62 P61, void *
+#define P63 P62, void *
+#define P64 P63, void *
 #define A1 a[0]
 #define A2 A1, a[1]
 #define A3 A2, a[2]
@@ -127,13 +167,57 @@ int64_t tuner_max_args(void) { return TUNER_MAX_ARGS; }
 #define A22 A21, a[21]
 #define A23 A22, a[22]
 #define A24 A23, a[23]
+#define A25 A24, a[24]
+#define A26 A25, a[25]
+#define A27 A26, a[26]
+#define A28 A27, a[27]
+#define A29 A28, a[28]
+#define A30 A29, a[29]
+#define A31 A30, a[30]
+#define A32 A31, a[31]
+#define A33 A32, a[32]
+#define A34 A33, a[33]
+#define A35 A34, a[34]
+#define A36 A35, a[35]
+#define A37 A36, a[36]
+#define A38 A37, a[37]
+#define A39 A38, a[38]
+#define A40 A39, a[39]
+#define A41 A40, a[40]
+#define A42 A41, a[41]
+#define A43 A42, a[42]
+#define A44 A43, a[43]
+#define A45 A44, a[44]
+#define A46 A45, a[45]
+#define A47 A46, a[46]
+#define A48 A47, a[47]
+#define A49 A48, a[48]
+#define A50 A49, a[49]
+#define A51 A50, a[50]
+#define A52 A51, a[51]
+#define A53 A52, a[52]
+#define A54 A53, a[53]
+#define A55 A54, a[54]
+#define A56 A55, a[55]
+#define A57 A56, a[56]
+#define A58 A57, a[57]
+#define A59 A58, a[58]
+#define A60 A59, a[59]
+#define A61 A60, a[60]
+#define A62 A61, a[61]
+#define A63 A62, a[62]
+#define A64 A63, a[63]
 #define CALL(n) case n: ((void (*)(P##n, int64_t))f)(A##n, t); return TUNER_OK;
 
 static int call_kernel(void *f, int64_t argc, void **a, int64_t t) {
     switch (argc) {
     CALL(1) CALL(2) CALL(3) CALL(4) CALL(5) CALL(6) CALL(7) CALL(8) CALL(9) CALL(10) CALL(11)
     CALL(12) CALL(13) CALL(14) CALL(15) CALL(16) CALL(17) CALL(18) CALL(19) CALL(20) CALL(21)
-    CALL(22) CALL(23) CALL(24)
+    CALL(22) CALL(23) CALL(24) CALL(25) CALL(26) CALL(27) CALL(28) CALL(29) CALL(30) CALL(31)
+    CALL(32) CALL(33) CALL(34) CALL(35) CALL(36) CALL(37) CALL(38) CALL(39) CALL(40) CALL(41)
+    CALL(42) CALL(43) CALL(44) CALL(45) CALL(46) CALL(47) CALL(48) CALL(49) CALL(50) CALL(51)
+    CALL(52) CALL(53) CALL(54) CALL(55) CALL(56) CALL(57) CALL(58) CALL(59) CALL(60) CALL(61)
+    CALL(62) CALL(63) CALL(64)
     default: return TUNER_E_ARGS;
     }
 }
