@@ -66,3 +66,13 @@ def test_no_family_entry_is_not_found(session: object) -> None:
     _entry(session, LOOKALIKE, 0.5)
     with pytest.raises(NotFoundError):
         log.best(session, f"{BASE},epilogue=relu", "llvm")
+
+
+def test_an_int8_layer_and_its_fused_addition_serve_each_other(session: object) -> None:
+    """BERT's int8 denses carry their bias addition (``add=u8``) in the key; the plain product
+    shares their search space, both ways."""
+    dense = "dense_int8:M=16,N=32,K=64"
+    _entry(session, f"{dense},add=u8", 1.0)
+    assert log.best(session, dense, "llvm")["workload"] == f"{dense},add=u8"
+    _entry(session, dense, 2.0)
+    assert log.best(session, f"{dense},add=s8", "llvm")["workload"] == dense

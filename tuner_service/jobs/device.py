@@ -106,12 +106,14 @@ def pick(entries: Sequence[TuningLogEntry], query: DeviceQuery, key: str
 
 def family_entries(session: Session, key: str, target: str) -> list[TuningLogEntry]:
     """Entries of ``key``, its base workload and its fused siblings on ``target`` (a fused
-    workload and its base share one search space)."""
+    workload and its base share one search space): fp32 epilogues, or a quantized addition
+    fused into an int8 layer (``dense_int8:...,add=u8``; both are the key's last parameter)."""
     base = parse_workload(key).base_key
+    siblings = [TuningLogEntry.workload_key.startswith(f"{base},{fused}=", autoescape=True)
+                for fused in ("epilogue", "add")]
     return list(session.scalars(select(TuningLogEntry).where(
         TuningLogEntry.target == target,
-        or_(TuningLogEntry.workload_key == key, TuningLogEntry.workload_key == base,
-            TuningLogEntry.workload_key.startswith(f"{base},epilogue=", autoescape=True)),
+        or_(TuningLogEntry.workload_key == key, TuningLogEntry.workload_key == base, *siblings),
     )))
 
 
