@@ -217,7 +217,7 @@ SMALL_GRID_TILES = {"threads_m": 16, "regs_m": 4, "threads_n": 8, "regs_n": 2, "
 def small_grid_default(space: ConfigSpace, M: int, N: int) -> Config:
     """``gemm_default``, unless its grid leaves over half the multiprocessors of a GPU of
     ``DeviceLimits`` without a block (the measured layers had 4-25 blocks; ResNet's stem, 98
-    blocks with 128x64 tiles, ran at 0.6 of tuned and keeps them): then ``SMALL_GRID_TILES``
+    blocks of 64x128, ran at 0.6 of tuned and keeps them): then ``SMALL_GRID_TILES``
     where valid."""
     classic = gemm_default(space)
     tiles = GemmTiles.of(classic)
