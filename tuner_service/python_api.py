@@ -42,18 +42,20 @@ def tune(model: str | Path | bytes, output: str | Path, *, trials_per_task: int 
          tuner: str = "xgb-transfer", threads: int | None = None, workers: int = 1,
          parallel_build: int | None = None,
          on_progress: Callable[[JobProgress], None] | None = None,
-         push: tuple[str, str | None] | None = None) -> TuneResult:
+         push: tuple[str, str | None] | None = None, layout: str = "auto") -> TuneResult:
     """Tune every tunable layer of an ONNX model on this machine's CPU.
 
     ``output`` receives the tuning log (``tuner.db``), ``configs.json`` and ``records.jsonl``;
     calling again with the same arguments resumes an unfinished job or reuses a finished one.
     ``threads`` is the thread count kernels are timed (and should later run) with, default all
     cores. ``push=(url, token)`` imports the records into a shared server afterwards.
+    ``layout``: the library layout to tune for, as ``tuner tune --layout`` (``nchw``,
+    ``nchwc`` or ``auto``: both plans' tasks, the default).
     """
     cores = os.cpu_count() or 1
     options = TuneOptions(
         trials_per_task=trials_per_task, tuner=tuner, threads=threads or cores, push=push,
-        workers=LocalWorkers(count=workers, threads=threads,
+        layout=layout, workers=LocalWorkers(count=workers, threads=threads,
                              parallel_build=parallel_build or cores))
     from tuner_service.tuning.model_job import tune_model
 

@@ -164,7 +164,9 @@ def test_build_and_run_default_to_the_tuned_thread_count(
     model.write_bytes(three_variants().SerializeToString())
     configs = _fetch_document(tmp_path, threads=2)
     out = tmp_path / "lib"
-    assert main(["build", str(model), "--configs", str(configs), "-o", str(out), "--json"]) == 0
+    # the plain layout: the configs are for its conv2d layers (auto may keep the blocked plan)
+    assert main(["build", str(model), "--configs", str(configs), "-o", str(out), "--json",
+                 "--layout", "nchw"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["threads"] == 2 and summary["tuned_threads"] == 2
     assert summary["tuned"] == summary["kernels"] == 3

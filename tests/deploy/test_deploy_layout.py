@@ -160,3 +160,87 @@ def test_auto_builds_a_model_without_convs_once_in_the_plain_layout(tmp_path: Pa
     feeds = runner.random_feeds(3)
     np.testing.assert_allclose(runner.run(feeds)["out"],
                                onnxruntime_outputs(model, feeds)["out"], rtol=1e-5, atol=1e-5)
+
+
+# -- tuned configs in each layout ------------------------------------------------------------
+
+def _tuned_book(model: Any, layout: str) -> ConfigBook:
+    """A tuned config (not the template default) for every task ``tuner tune --layout
+    LAYOUT`` would tune on this host."""
+    from schedule_templates.templates.base import get_template
+    from tuner_service.compiler.deploy.configs import TunedEntry
+    from tuner_service.compiler.frontend.extract import extract_tasks
+
+    entries = []
+    for task in extract_tasks(model, layout=layout, block=host_block()).tasks:
+        template = get_template(task.workload.op)
+        space = template.space(task.workload)
+        default = template.default_config(task.workload).index
+        index = next(i for i in range(space.size - 1, -1, -1)
+                     if i != default and space.is_valid(i))
+        entries.append(TunedEntry(task.workload.key, template.name, template.version,
+                                  space.get(index).to_json(), 1e-4, "llvm"))
+    return ConfigBook(entries)
+
+
+def _sources(manifest: dict[str, Any]) -> dict[str, str]:
+    return {k["workload"]: k["config_source"] for k in manifest["kernels"]}
+
+
+def test_a_blocked_build_uses_the_tuned_configs_of_its_blocked_workloads(
+        tmp_path: Path) -> None:
+    model = _model()
+    book = _tuned_book(model, "nchwc")
+    tuned = {e.workload: e.config for e in book.entries()}
+    manifest = build_library(model, book, tmp_path / "blocked", layout="nchwc")
+    assert set(_sources(manifest).values()) == {"tuned"}
+    for kernel in manifest["kernels"]:
+        assert kernel["op"].endswith("_nchwc")
+        assert kernel["config"] == tuned[kernel["tuned_key"]]
+    # the plain plan's layers are other workloads: the blocked records are not theirs
+    plain = build_library(model, book, tmp_path / "plain", layout="nchw")
+    assert set(_sources(plain).values()) == {"default"}
+    runner = ModelRunner(model, KernelLibrary(tmp_path / "blocked"), 1)
+    feeds = runner.random_feeds(4)
+    want = onnxruntime_outputs(model, feeds)["out"]
+    assert float(np.abs(runner.run(feeds)["out"] - want).max()) <= 1e-5 * float(
+        np.abs(want).max())
+
+
+def test_auto_with_plain_tuned_configs_still_times_the_blocked_plan(tmp_path: Path) -> None:
+    model = _model()
+    manifest = build_with_layout(model, _tuned_book(model, "nchw"), tmp_path, layout="auto")
+    choice = manifest["layout_choice"]  # both were built and timed, not plain by fiat
+    kernels = len(manifest["kernels"])
+    assert (choice["nchw_tuned"], choice["nchwc_tuned"]) == (kernels, 0)
+    # the kept library says which of its configs were tuned
+    expected = "tuned" if choice["chosen"] == "nchw" else "default"
+    assert set(_sources(manifest).values()) == {expected}
+
+
+def test_auto_with_both_layouts_tuned_keeps_tuned_configs_either_way(tmp_path: Path) -> None:
+    model = _model()
+    book = _tuned_book(model, "auto")
+    manifest = build_with_layout(model, book, tmp_path, layout="auto")
+    choice = manifest["layout_choice"]
+    kernels = len(manifest["kernels"])
+    assert choice["nchw_tuned"] == choice["nchwc_tuned"] == kernels
+    assert set(_sources(manifest).values()) == {"tuned"}
+    assert manifest.get("layout", {"mode": "nchw"})["mode"] == choice["chosen"]
+
+
+def test_keeping_a_faster_plan_with_fewer_tuned_kernels_is_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from tuner_service.compiler.deploy import layout_choice
+
+    monkeypatch.setattr(layout_choice, "_time_libraries",
+                        lambda *_: {"nchw": 2e-3, "nchwc": 1e-3})
+    model = _model()
+    with caplog.at_level(logging.WARNING, logger="tuner_service.compiler.deploy"):
+        manifest = build_with_layout(model, _tuned_book(model, "nchw"), tmp_path)
+    assert manifest["layout_choice"]["chosen"] == "nchwc"
+    assert set(_sources(manifest).values()) == {"default"}
+    assert "layout auto kept nchwc" in caplog.text and "tuner tune --layout nchwc" in caplog.text

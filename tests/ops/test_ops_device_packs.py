@@ -38,7 +38,7 @@ def conv_model() -> bytes:
 
 def built_config(model: Path, out: Path, server: LiveServer, device_class: str) -> int:
     assert main(["build", str(model), "--server", server.url, "--token", ADMIN_TOKEN,
-                 "--device-class", device_class, "-o", str(out)]) == 0
+                 "--device-class", device_class, "-o", str(out), "--layout", "nchw"]) == 0
     (kernel,) = json.loads((out / "manifest.json").read_text())["kernels"]
     assert kernel["config_source"] == "tuned"
     return int(kernel["config"]["index"])

@@ -111,8 +111,10 @@ def _submit(args: argparse.Namespace) -> int:
         return 2
 
     def action(client: ServiceClient) -> int:
-        shapes = {"input_shape": args.input_shape} if args.input_shape else None
-        model = client.request("POST", "/models", data=shapes,
+        form: dict[str, Any] = {"input_shape": args.input_shape} if args.input_shape else {}
+        if args.layout != "nchw":
+            form.update(layout=args.layout, block=str(args.block or _host_block()))
+        model = client.request("POST", "/models", data=form or None,
                                files={"file": (name, data, "application/octet-stream")})
         for item in model["unsupported"]:
             print(f"unsupported: {item['op']} ({item['node']}): {item['reason']}")
@@ -126,6 +128,12 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
 
     return with_client(args, action)
+
+
+def _host_block() -> int:
+    from tuner_service.compiler.deploy.layout import host_block
+
+    return host_block()
 
 
 def _upload_payload(path: Path) -> tuple[bytes, str]:
@@ -179,6 +187,12 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--tuner", default="xgb-transfer")
     submit.add_argument("--wait", action="store_true", help="show live progress until done")
     add_input_shape_flag(submit)
+    submit.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+                        help="tune the tasks of a `tuner build --layout` library: nchw (the "
+                        "default), nchwc (conv layers as blocked workloads) or auto (both)")
+    submit.add_argument("--block", type=int, default=None,
+                        help="channel block of nchwc/auto: the workers' vector width in floats "
+                        "(8 AVX2, 16 AVX-512; default: this CPU's)")
     _connection_flags(submit)
     submit.set_defaults(func=_submit)
 

@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     extract.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                          help="the tasks of a `tuner build --precision` library (bf16: the "
                          "dense_bf16 keys to tune with `tuner tune KEY`); default fp32")
+    extract.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+                         help="the tasks of a `tuner build --layout` library: nchw (the "
+                         "default), nchwc (conv layers as blocked workloads) or auto (both)")
+    extract.add_argument("--block", type=int, default=None,
+                         help="channel block of nchwc/auto (default: this CPU's vector width "
+                         "in floats, 8 with AVX2, 16 with AVX-512)")
     extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
     extract.set_defaults(func=run_extract)
 
@@ -75,7 +81,8 @@ def run_extract(args: argparse.Namespace) -> int:
         return EXIT_BAD_MODEL
     try:
         # a path, not bytes: external data files are read from the model's folder
-        result = extract_tasks(args.model, input_shapes(args), precision=args.precision)
+        result = extract_tasks(args.model, input_shapes(args), precision=args.precision,
+                               layout=args.layout, block=_block(args))
     except ModelError as e:
         print(f"error: {args.model}: {e}", file=sys.stderr)
         return EXIT_BAD_MODEL
@@ -84,6 +91,14 @@ def run_extract(args: argparse.Namespace) -> int:
     else:
         print(format_table(result))
     return 0
+
+
+def _block(args: argparse.Namespace) -> int | None:
+    if args.layout == "nchw" or args.block is not None:
+        return int(args.block) if args.block is not None else None
+    from tuner_service.compiler.deploy.layout import host_block
+
+    return host_block()
 
 
 def run_sample_model(args: argparse.Namespace) -> int:

@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     model.add_argument("--parallel-build", type=int, default=None, metavar="P",
                        help="candidates each worker compiles at once (default: all cores); "
                        "timed runs never overlap a compile")
+    model.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="auto",
+                       help="the library layout to tune for, as tuner build --layout: nchw "
+                       "(plain), nchwc (conv layers as blocked workloads with this CPU's "
+                       "block) or auto (both, the default: the build times both plans)")
     model.add_argument("--compare", action="store_true",
                        help="then build default and tuned libraries and time them against "
                        "onnxruntime")
@@ -97,7 +101,7 @@ def _options(args: argparse.Namespace) -> Any:
         push = (args.push, args.token or os.environ.get("TUNER_TOKEN"))
     return TuneOptions(trials_per_task=args.trials, tuner=args.tuner or "xgb-transfer",
                        workers=workers, threads=args.threads or cores, port=args.port,
-                       push=push)
+                       push=push, layout=args.layout)
 
 
 def _check_args(args: argparse.Namespace) -> str | None:
@@ -161,7 +165,7 @@ def _compare(args: argparse.Namespace, model: Path, result: Any) -> Any:
         print("building the default and the tuned library, timing them and onnxruntime...",
               flush=True)
     return compare(model.read_bytes(), result.configs, result.output,
-                   args.threads or os.cpu_count() or 1)
+                   args.threads or os.cpu_count() or 1, layout=args.layout)
 
 
 def _report(args: argparse.Namespace, result: Any, comparison: Any) -> None:

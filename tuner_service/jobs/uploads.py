@@ -8,6 +8,11 @@ Pinned input shapes (``NAME=1x3x224x224``) change which tasks a model has, so th
 the content address: without any, ``sha256`` is the upload's SHA-256; with some, it is the
 SHA-256 of the upload's digest followed by the canonical shapes (``a=1x3,b=2``). The shapes
 live in that address and in the returned JSON, no new column is needed.
+
+So does the layout the tasks are extracted for (``layout=nchwc`` or ``auto`` with the workers'
+channel ``block``: the blocked conv workloads a library built with that layout runs,
+``frontend.extract``): ``nchw`` (the default) keeps the address above, another layout adds
+``layout:auto/16`` to the hashed text.
 """
 
 from __future__ import annotations
@@ -36,18 +41,20 @@ class UploadLimits:
 
 
 def store_model(session: Session, data: bytes, name: str, *, limits: UploadLimits,
-                input_shapes: Sequence[str] = ()) -> tuple[Model, list[Task]]:
-    """The model for these bytes (and pinned shapes), extracting and storing its tasks the
-    first time."""
+                input_shapes: Sequence[str] = (), layout: str = "nchw",
+                block: int | None = None) -> tuple[Model, list[Task]]:
+    """The model for these bytes (pinned shapes and task layout), extracting and storing its
+    tasks the first time. InvalidInputError for an unknown layout or block."""
     shapes = _parse_shapes(input_shapes)
-    digest = model_digest(data, shapes)
+    _check_layout(layout, block)
+    digest = model_digest(data, shapes, "" if layout == "nchw" else f"{layout}/{block}")
     existing = session.scalar(select(Model).where(Model.sha256 == digest))
     if existing is not None:
         return existing, model_tasks(session, existing.id)
     # End that read before the slow part: on SQLite the transaction holds the database's write
     # lock, and parsing a large model would stall every worker's report for seconds.
     session.rollback()
-    extraction = _extract(data, shapes, limits)
+    extraction = _extract(data, shapes, limits, layout, block)
     model = Model(sha256=digest, name=name[:255], size_bytes=len(data),
                   unsupported=[_unsupported_json(u) for u in extraction.unsupported])
     session.add(model)
@@ -64,12 +71,16 @@ def store_model(session: Session, data: bytes, name: str, *, limits: UploadLimit
     return model, tasks
 
 
-def model_digest(data: bytes, shapes: str = "") -> str:
-    """The content address: the upload's SHA-256, combined with the pinned shapes if any."""
+def model_digest(data: bytes, shapes: str = "", layout: str = "") -> str:
+    """The content address: the upload's SHA-256, combined with the pinned shapes and the
+    task layout (``auto/16``) if any."""
     digest = hashlib.sha256(data).hexdigest()
-    if not shapes:
+    if not shapes and not layout:
         return digest
-    return hashlib.sha256(f"{digest}\ninput-shapes:{shapes}".encode()).hexdigest()
+    text = f"{digest}\ninput-shapes:{shapes}" if shapes else digest
+    if layout:
+        text += f"\nlayout:{layout}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def model_tasks(session: Session, model_id: int) -> list[Task]:
@@ -89,7 +100,20 @@ def _parse_shapes(items: Sequence[str]) -> str:
         raise InvalidInputError(str(e)) from e
 
 
-def _extract(data: bytes, shapes: str, limits: UploadLimits) -> Any:
+def _check_layout(layout: str, block: int | None) -> None:
+    try:
+        from tuner_service.compiler.frontend.errors import ModelError
+        from tuner_service.compiler.frontend.extract import check_task_layout
+    except ImportError as e:
+        raise UnavailableError(f"the ONNX frontend is not available: {e}") from e
+    try:
+        check_task_layout(layout, block)
+    except ModelError as e:
+        raise InvalidInputError(str(e)) from e
+
+
+def _extract(data: bytes, shapes: str, limits: UploadLimits, layout: str,
+             block: int | None) -> Any:
     try:
         from tuner_service.compiler.frontend.archive import ArchiveLimits, is_archive, read_archive
         from tuner_service.compiler.frontend.errors import ModelError, ModelTooLarge
@@ -100,9 +124,9 @@ def _extract(data: bytes, shapes: str, limits: UploadLimits) -> Any:
     pinned = parse_input_shapes(shapes.split(",")) if shapes else None
     try:
         if not is_archive(data):
-            return extract_tasks(data, pinned)
+            return extract_tasks(data, pinned, layout=layout, block=block)
         archive = read_archive(data, ArchiveLimits(limits.max_bytes, limits.max_members))
-        return extract_tasks(archive.model, pinned, archive.files)
+        return extract_tasks(archive.model, pinned, archive.files, layout=layout, block=block)
     except ModelTooLarge as e:
         raise PayloadTooLargeError(str(e)) from e
     except ModelError as e:

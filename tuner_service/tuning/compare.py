@@ -39,19 +39,22 @@ class Comparison:
 
 
 def compare(model: bytes, configs: Path, output: Path, threads: int,
-            iterations: int = 20) -> Comparison:
-    """Build ``output/lib`` (tuned) and ``output/lib-default``; time both and onnxruntime."""
+            iterations: int = 20, layout: str = "nchw") -> Comparison:
+    """Build ``output/lib`` (tuned) and ``output/lib-default`` in ``layout`` (``auto``: each
+    the faster of its two plans, ``deploy.layout_choice``); time both and onnxruntime."""
     from tuner_service.compiler.deploy.configs import ConfigBook, load_configs_file
-    from tuner_service.compiler.deploy.library import build_library
+    from tuner_service.compiler.deploy.layout_choice import build_with_layout
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # before libgomp is loaded
     tuned_dir, default_dir = output / "lib", output / "lib-default"
-    build_library(model, load_configs_file(configs), tuned_dir, "llvm", threads)
+    build_with_layout(model, load_configs_file(configs), tuned_dir, "llvm", threads,
+                      layout=layout)
     quiet = logging.getLogger("tuner_service.compiler.deploy.library")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # "no tuned config" for every layer is the point here
     try:
-        build_library(model, ConfigBook(target="llvm"), default_dir, "llvm", threads)
+        build_with_layout(model, ConfigBook(target="llvm"), default_dir, "llvm", threads,
+                          layout=layout)
     finally:
         quiet.setLevel(level)
     default_ms, _, _ = _time_library(model, default_dir, threads, iterations)

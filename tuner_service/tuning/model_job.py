@@ -52,6 +52,9 @@ class TuneOptions:
     port: int = 0
     #: a server (URL, token) to push every record to once the job ends
     push: tuple[str, str | None] | None = None
+    #: the library layout to tune for (``tuner build --layout``): ``nchw``, ``nchwc`` (conv
+    #: layers as blocked workloads) or ``auto`` (both, the build times both plans)
+    layout: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +107,7 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
     with local_service(settings, workers) as service, \
             ServiceClient(service.url, service.token) as client:
         try:
-            uploaded = client.upload_model(data, name)
+            uploaded = client.upload_model(data, name, options.layout, _block(options.layout))
             job_id, origin = _find_or_create(client, uploaded["model_id"], options)
         except ClientError as e:
             raise TuneError(str(e)) from e
@@ -121,6 +124,15 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
     unsupported = tuple(f"{u['op']} ({u['node']}): {u['reason']}"
                         for u in uploaded.get("unsupported", []))
     return TuneResult(job_id, output, configs, records, final, origin, unsupported, pushed)
+
+
+def _block(layout: str) -> int | None:
+    """The channel block of a blocked layout: this machine's, since local workers measure."""
+    if layout == "nchw":
+        return None
+    from tuner_service.compiler.deploy.layout import host_block
+
+    return host_block()
 
 
 def _embedded_settings(output: Path, port: int, model_bytes: int = 0) -> Any:

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,14 @@ class JobProgress:
 
     @property
     def estimated_latency_s(self) -> float | None:
-        """Sum of weight x best latency over tasks; None until every tunable task has one."""
+        """Sum of weight x best latency over the tasks of one library; None until every
+        tunable task has one. A job with both layouts' tasks (``tuner tune --layout auto``)
+        counts each layer once: the faster plan's sum (``layout_plans``)."""
         tuned = [t for t in self.tasks if t.status != TaskStatus.SKIPPED]
         if not tuned or any(t.best_latency_s is None for t in tuned):
             return None
-        return sum(t.weight * (t.best_latency_s or 0.0) for t in tuned)
+        return min(sum(t.weight * (t.best_latency_s or 0.0) for t in plan)
+                   for plan in layout_plans(tuned))
 
     @classmethod
     def from_json(cls, status: dict[str, Any]) -> JobProgress:
@@ -78,6 +81,28 @@ class JobProgress:
         health = status.get("health")
         return cls(int(status["job_id"]), str(status["status"]), str(status.get("message", "")),
                    tasks, health.get("message") if isinstance(health, dict) else None)
+
+
+def layout_plans(tasks: Sequence[TaskProgress]) -> list[list[TaskProgress]]:
+    """The tasks of each library plan that ``tasks`` cover: one plan, or, where the tasks are
+    both layouts' (a plain conv task and its blocked twin), the plain plan and the blocked one
+    (the blocked tasks and the plain ones without a twin). A twin's key is its plain task's
+    with ``_nchwc`` on the operator and a ``block`` parameter (``frontend.extract``)."""
+    twins = {_plain_key(t.workload) for t in tasks if _is_blocked(t.workload)}
+    plain = [t for t in tasks if not _is_blocked(t.workload)]
+    if not any(t.workload in twins for t in plain):
+        return [list(tasks)]  # one layout's tasks
+    return [plain, [t for t in tasks if _is_blocked(t.workload) or t.workload not in twins]]
+
+
+def _is_blocked(key: str) -> bool:
+    return key.split(":", 1)[0].endswith("_nchwc")
+
+
+def _plain_key(key: str) -> str:
+    op, _, body = key.partition(":")
+    params = [p for p in body.split(",") if not p.startswith("block=")]
+    return f"{op.removesuffix('_nchwc')}:{','.join(params)}"
 
 
 class ServiceClient:
@@ -115,9 +140,13 @@ class ServiceClient:
             return answer.json()
         return answer.text
 
-    def upload_model(self, data: bytes, name: str) -> dict[str, Any]:
+    def upload_model(self, data: bytes, name: str, layout: str = "nchw",
+                     block: int | None = None) -> dict[str, Any]:
+        """Upload a model; ``layout``/``block``: extract the tasks of that library layout."""
+        form = {} if layout == "nchw" else {"layout": layout, "block": str(block)}
         result: dict[str, Any] = self.request(
-            "POST", "/models", files={"file": (name, data, "application/octet-stream")})
+            "POST", "/models", files={"file": (name, data, "application/octet-stream")},
+            data=form)
         return result
 
     def create_job(self, **fields: Any) -> int:

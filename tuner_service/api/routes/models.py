@@ -2,7 +2,9 @@
 
 ``file`` is a self-contained ``.onnx``, or a zip/tar archive of a ``.onnx`` and its external
 data files. ``input_shape`` (repeatable form field, ``NAME=1x3x224x224``) pins dynamic input
-dimensions before tasks are extracted.
+dimensions before tasks are extracted. ``layout`` (``nchw``, the default; ``nchwc``; ``auto``:
+both) and ``block`` (the workers' vector width in floats, 8 or 16) extract the tasks of a library
+built with that layout: its conv-family layers as blocked workloads.
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ def upload_model(
     input_shape: Annotated[list[str] | None, Form(
         description="pin a dynamic input: NAME=1x3x224x224 (repeat the field per input)",
         max_length=MAX_INPUT_SHAPES)] = None,
+    layout: Annotated[str, Form(
+        description="the library layout to extract tasks for: nchw, nchwc or auto (both)",
+        max_length=8)] = "nchw",
+    block: Annotated[int | None, Form(
+        description="channel block of a blocked layout (the workers' floats per vector)",
+        ge=1, le=64)] = None,
 ) -> ModelPublic:
     data = _read_limited(request, file, settings.max_upload_bytes)
     limits = UploadLimits(settings.max_model_bytes, settings.max_archive_members)
     model, tasks = store_model(session, data, file.filename or "model.onnx", limits=limits,
-                               input_shapes=input_shape or ())
+                               input_shapes=input_shape or (), layout=layout, block=block)
     return ModelPublic.model_validate({
         "model_id": model.id, "name": model.name, "sha256": model.sha256,
         "tasks": [{"task_id": t.id, "workload": t.workload_key, "weight": t.weight,

@@ -7,6 +7,13 @@ the choice is measured, not guessed: both libraries are built, each runs the sam
 a few times, interleaved (a loaded machine slows both alike; a one-thread library is timed in
 process CPU time), and the faster one's files become the output. The manifest's
 ``layout_choice`` records both medians.
+
+Each plan takes the tuned configs of the workloads it runs: the plain plan those of ``conv2d``
+and ``depthwise_conv2d``, the blocked plan those of ``conv2d_nchwc`` and
+``depthwise_conv2d_nchwc`` (``tuner tune --layout auto`` tunes both), each layer without one its
+template default. So tuned configs of one layout alone do not decide the choice: both plans are
+timed as they would run, ``layout_choice`` also records how many kernels of each were tuned,
+and a warning says when the kept plan runs fewer tuned kernels than the other.
 """
 
 from __future__ import annotations
@@ -40,9 +47,9 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                       target: str = "llvm", threads: int | None = None,
                       input_shapes: InputShapes | None = None, generated: bool = True,
                       layout: str = "auto", precision: str = "fp32") -> dict[str, Any]:
-    """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, timed, the faster kept
-    (the plain plan alone where the blocked one would block nothing, where tuned configs are
-    used (they are for the plain layout's tasks), or without generated operators)."""
+    """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, each with the configs
+    of its own workloads, timed, the faster kept (the plain plan alone where the blocked one
+    would block nothing, or without generated operators)."""
     check_layout(layout, generated)
     if layout == "auto" and not generated:
         layout = "nchw"  # blocked plans need the generated transforms
@@ -51,30 +58,44 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                              layout, precision)
     with tempfile.TemporaryDirectory(prefix="tuner-layout-") as tmp:
         dirs = {mode: Path(tmp) / mode for mode in ("nchw", "nchwc")}
-        plain = build_library(model, book, dirs["nchw"], target, threads, input_shapes,
-                              generated, "nchw", precision)
-        blocked = None if _uses_tuned_configs(plain) else build_library(
-            model, book, dirs["nchwc"], target, threads, input_shapes, generated, "nchwc",
-            precision)
-        if blocked is None or not _blocks_anything(blocked):
-            # tuned configs are for the plain layout's tasks (blocked layers would run
-            # template defaults), or nothing would be blocked (no conv layers): keep it plain
-            return _copy_build(dirs["nchw"], out_dir, plain)
+        manifests = {mode: build_library(model, book, path, target, threads, input_shapes,
+                                         generated, mode, precision)
+                     for mode, path in dirs.items()}
+        if not _blocks_anything(manifests["nchwc"]):
+            # nothing would be blocked (no conv layers): the two libraries are the same
+            return _copy_build(dirs["nchw"], out_dir, manifests["nchw"])
         medians = _time_libraries(model, dirs, input_shapes)
         chosen = min(medians, key=lambda mode: medians[mode])
-        logger.info("layout auto: nchw %.2f ms, nchwc %.2f ms: keeping %s",
-                    medians["nchw"] * 1e3, medians["nchwc"] * 1e3, chosen)
-        _copy_build(dirs[chosen], out_dir, plain)
+        tuned = {mode: tuned_kernels(manifest) for mode, manifest in manifests.items()}
+        logger.info("layout auto: nchw %.2f ms (%d tuned kernels), nchwc %.2f ms (%d): "
+                    "keeping %s", medians["nchw"] * 1e3, tuned["nchw"], medians["nchwc"] * 1e3,
+                    tuned["nchwc"], chosen)
+        _warn_fewer_tuned(chosen, tuned, manifests)
+        _copy_build(dirs[chosen], out_dir, manifests[chosen])
     manifest_path = out_dir / MANIFEST_FILE
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-    manifest["layout_choice"] = {"chosen": chosen,
-                                 **{f"{m}_ms": round(s * 1e3, 4) for m, s in medians.items()}}
+    manifest["layout_choice"] = {
+        "chosen": chosen, **{f"{m}_ms": round(s * 1e3, 4) for m, s in medians.items()},
+        **{f"{m}_tuned": n for m, n in tuned.items()}}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def _uses_tuned_configs(manifest: dict[str, Any]) -> bool:
-    return any(kernel.get("config_source") == "tuned" for kernel in manifest.get("kernels", []))
+def tuned_kernels(manifest: dict[str, Any]) -> int:
+    """How many kernels of a build run a tuned config (the rest their template default)."""
+    return sum(kernel.get("config_source") == "tuned" for kernel in manifest.get("kernels", []))
+
+
+def _warn_fewer_tuned(chosen: str, tuned: dict[str, int],
+                      manifests: dict[str, dict[str, Any]]) -> None:
+    other = "nchw" if chosen == "nchwc" else "nchwc"
+    if tuned[chosen] >= tuned[other]:
+        return
+    kernels = len(manifests[chosen].get("kernels", []))
+    logger.warning("layout auto kept %s, measured faster, though %d of its %d kernels run "
+                   "template defaults (%s had %d tuned); tune it with `tuner tune --layout "
+                   "%s` (or auto), or build with --layout %s", chosen, kernels - tuned[chosen],
+                   kernels, other, tuned[other], chosen, other)
 
 
 def _copy_build(source: Path, out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:

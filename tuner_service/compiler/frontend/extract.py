@@ -7,6 +7,12 @@ will not touch instead of silently getting a partial speed-up. Cheap operators (
 pooling, normalization, reshapes) are neither tasks nor unsupported: libraries do them well.
 Epilogues the layer plan fuses into a tunable node (bias, batch norm, residual add, ReLU/clip,
 see ``fusion``) are part of its task's workload key.
+
+A library built with blocked activations (``tuner build --layout nchwc``) runs its conv-family
+layers as other workloads (``conv2d_nchwc``, ``depthwise_conv2d_nchwc``, with the block of the
+machine that runs it); ``layout`` gives the tasks of that plan (``nchwc``) or of both plans
+(``auto``, what ``tuner build --layout auto`` builds and compares), so each plan finds tuned
+records of the kernels it runs.
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ from types import MappingProxyType
 import onnx
 
 from schedule_templates.errors import InvalidWorkloadError
-from schedule_templates.workloads import Workload
+from schedule_templates.workloads import Workload, parse_workload
+from schedule_templates.workloads.conv_nchwc import BLOCKS
 from tuner_service.compiler.frontend.conv import map_conv
 from tuner_service.compiler.frontend.errors import ModelError, UnmappableNode
 from tuner_service.compiler.frontend.external import DataFiles
 from tuner_service.compiler.frontend.fusion import fused_workloads
 from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
+from tuner_service.compiler.frontend.layout import LAYOUTS, blocked_workload
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.matmul import map_gemm, map_matmul
 from tuner_service.compiler.frontend.precision import at_precision, check_precision
@@ -94,27 +102,34 @@ class ExtractionResult:
 
     tasks: list[ExtractedTask]
     unsupported: list[Unsupported]
+    #: the plans the tasks are for: ``nchw``, ``nchwc`` or ``auto`` (both)
+    layout: str = "nchw"
 
     def total_flops(self) -> int:
-        """FLOPs of one inference spent in tunable layers (each task times its weight)."""
-        return sum(t.workload.flops() * t.weight for t in self.tasks)
+        """FLOPs of one inference spent in tunable layers (each task times its weight); with
+        both layouts' tasks, of the plain plan (the blocked twins compute the same layers)."""
+        return sum(t.workload.flops() * t.weight for t in self.tasks
+                   if self.layout != "auto" or not is_blocked(t.workload))
 
 
 def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
-                  files: DataFiles | None = None, precision: str = "fp32") -> ExtractionResult:
+                  files: DataFiles | None = None, precision: str = "fp32",
+                  layout: str = "nchw", block: int | None = None) -> ExtractionResult:
     """Map every tunable node of ``model`` to a workload and merge identical workloads.
 
     ``model``, ``input_shapes`` and ``files`` are as for ``loading.load_model`` (a ``Path``
     reads external data from the model's folder); ``precision`` gives the tasks of a library
-    built at that precision (``precision.at_precision``). CPU-bound (about 0.2 s for ResNet-18
-    bytes, more for a ModelProto, which must be serialized for onnx's checker); async callers should
-    run it in a worker thread.
+    built at that precision (``precision.at_precision``); ``layout`` and ``block`` those of a
+    library built with that layout and channel block (``tasks_in_layout``). CPU-bound (about
+    0.2 s for ResNet-18 bytes, more for a ModelProto, which must be serialized for onnx's
+    checker); async callers should run it in a worker thread.
 
     Raises ModelError if ``model`` is not a valid ONNX model whose shapes can be inferred
     (external data only from its folder or ``files``), or if it has tunable layers and every
-    one of them has absurd dimensions.
+    one of them has absurd dimensions, or for an unknown ``layout`` or ``block``.
     """
     check_precision(precision)
+    check_task_layout(layout, block)
     proto = load_model(model, input_shapes, files)
     graph = index_graph(proto.graph)
     fused = fused_workloads(proto, graph)
@@ -135,9 +150,54 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
     unsupported.extend(_nested_unsupported(proto.graph))
     if rejected and not found and rejected == len(unsupported):
         raise ModelError(f"every tunable layer has impossible dimensions: {unsupported[0].reason}")
-    tasks = [_merge_variants(variants) for variants in found.values()]
+    tasks = tasks_in_layout([_merge_variants(variants) for variants in found.values()],
+                            layout, block or 0)
     logger.debug("extracted %d tasks, %d unsupported nodes", len(tasks), len(unsupported))
-    return ExtractionResult(tasks=tasks, unsupported=unsupported)
+    return ExtractionResult(tasks=tasks, unsupported=unsupported, layout=layout)
+
+
+def check_task_layout(layout: str, block: int | None) -> None:
+    """ModelError unless ``layout`` is one of ``LAYOUTS`` and a blocked one names a ``block``
+    a blocked workload takes (the vector width in floats of the machines that will run it)."""
+    if layout not in LAYOUTS:
+        raise ModelError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if layout != "nchw" and block not in BLOCKS:
+        raise ModelError(f"layout {layout} needs the channel block of the machines that run "
+                         f"the library (one of {', '.join(map(str, BLOCKS))}: its vector width "
+                         f"in floats), not {block!r}")
+
+
+def tasks_in_layout(tasks: list[ExtractedTask], layout: str, block: int) -> list[ExtractedTask]:
+    """``tasks`` as the plan in ``layout`` runs them: ``nchw`` as they are; ``nchwc`` with each
+    conv-family task replaced by its blocked twin (same nodes and weight; ``layout.
+    blocked_workload`` decides, as it does for the build); ``auto`` with the twin right after
+    its plain task, both tuned, since the build times both plans."""
+    if layout == "nchw":
+        return tasks
+    out: list[ExtractedTask] = []
+    for task in tasks:
+        twin = _blocked_task(task, block)
+        if twin is None or layout == "auto":
+            out.append(task)
+        if twin is not None:
+            out.append(twin)
+    return out
+
+
+def is_blocked(workload: Workload) -> bool:
+    """Whether ``workload`` is an operator on blocked activations."""
+    return workload.op.endswith("_nchwc")
+
+
+def _blocked_task(task: ExtractedTask, block: int) -> ExtractedTask | None:
+    workload = blocked_workload(task.workload, block)
+    if workload is None:
+        return None
+    variants = []
+    for key in task.variants:
+        variant = blocked_workload(parse_workload(key), block)
+        variants.append(variant.key if variant is not None else key)
+    return dataclasses.replace(task, workload=workload, variants=tuple(sorted(variants)))
 
 
 def _merge_variants(variants: Mapping[str, tuple[Workload, list[str]]]) -> ExtractedTask:

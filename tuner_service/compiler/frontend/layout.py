@@ -116,7 +116,7 @@ class _Planner:
     # -- conv-family layers ----------------------------------------------------------------
 
     def _conv_layer(self, layer: Layer) -> Layer | None:
-        workload = _blocked_workload(layer.workload, self.block)
+        workload = blocked_workload(layer.workload, self.block)
         if workload is None or layer.inputs.get("data") is None:
             return None
         inputs = dict(layer.inputs)
@@ -290,7 +290,10 @@ class _Planner:
         return self.shapes[tensor]
 
 
-def _blocked_workload(workload: Workload, block: int) -> Workload | None:
+def blocked_workload(workload: Workload, block: int) -> Workload | None:
+    """The blocked operator a layer of ``workload`` runs in an ``nchwc`` plan with ``block``
+    (its epilogue kept), or None for a layer that stays plain. Task extraction maps its tasks
+    with this too, so a tuned blocked library finds records of the workloads it runs."""
     if workload.op == "conv2d" or (workload.op == "depthwise_conv2d"
                                    and getattr(workload, "multiplier", 1) == 1):
         _, _, body = workload.key.partition(":")

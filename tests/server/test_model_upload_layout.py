@@ -1,0 +1,70 @@
+"""``POST /api/v1/models`` with ``layout``/``block``: the tasks of a blocked library (its conv
+layers as ``conv2d_nchwc`` workloads), a model of its own beside the plain upload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from .fakes import bearer
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+CONV_KEY = "conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1"
+BLOCKED_KEY = "conv2d_nchwc:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1,block=8"
+
+
+@pytest.fixture(scope="module")
+def conv_model() -> bytes:
+    w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], "conv", pads=[1, 1, 1, 1])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return bytes(model.SerializeToString())
+
+
+def upload(client: TestClient, token: str, data: bytes,
+           form: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    answer = client.post("/api/v1/models", headers=bearer(token),
+                         files={"file": ("conv.onnx", data, "application/octet-stream")},
+                         data=form)
+    return answer.status_code, answer.json()
+
+
+def test_each_layout_is_a_model_with_its_own_tasks(client: TestClient, tokens: dict[str, str],
+                                                   conv_model: bytes) -> None:
+    status, plain = upload(client, tokens["user"], conv_model)
+    assert status == 201 and [t["workload"] for t in plain["tasks"]] == [CONV_KEY]
+    status, blocked = upload(client, tokens["user"], conv_model,
+                             {"layout": "nchwc", "block": "8"})
+    assert status == 201, blocked
+    assert [t["workload"] for t in blocked["tasks"]] == [BLOCKED_KEY]
+    status, both = upload(client, tokens["user"], conv_model, {"layout": "auto", "block": "8"})
+    assert [t["workload"] for t in both["tasks"]] == [CONV_KEY, BLOCKED_KEY]
+    assert len({plain["model_id"], blocked["model_id"], both["model_id"]}) == 3
+    status, sixteen = upload(client, tokens["user"], conv_model,
+                             {"layout": "nchwc", "block": "16"})
+    assert sixteen["tasks"][0]["workload"].endswith("block=16")
+    assert sixteen["model_id"] != blocked["model_id"]
+    _, again = upload(client, tokens["user"], conv_model, {"layout": "nchwc", "block": "8"})
+    assert again["model_id"] == blocked["model_id"]  # the layout is part of the address
+
+
+@pytest.mark.parametrize(("form", "reason"), [
+    ({"layout": "nhwc"}, "unknown layout"),
+    ({"layout": "nchwc"}, "needs the channel block"),
+    ({"layout": "auto", "block": "12"}, "not 12"),
+])
+def test_a_bad_layout_gets_a_clear_refusal(client: TestClient, tokens: dict[str, str],
+                                           conv_model: bytes, form: dict[str, str],
+                                           reason: str) -> None:
+    status, body = upload(client, tokens["user"], conv_model, form)
+    assert status in (400, 422), body
+    assert reason in str(body["detail"])
