@@ -12,9 +12,20 @@ load are 16 consecutive words whatever the stride or dilation.
 Columns are pixels of a phase-width row (``Wh`` per output row: the ``Wh - OW`` extra ones are
 computed and dropped) rounded up to whole registers; the tiles go to a workspace and the real
 pixels are copied into NCHW, unless nothing is dropped (then they are stored in place). The
-per-word tap offsets are a constant input computed at pack time. Depthwise layers (one input
-channel per group) have a kernel of their own (``x86_depthwise_int8``): on this nest three
-quarters of each word would be padding.
+per-word tap offsets are a constant input computed at pack time.
+
+Depthwise layers (one input channel per group) have a kernel of their own
+(``x86_depthwise_int8``): on this nest three quarters of each word would be padding.
+
+On small maps the dropped columns are much of the work (7x7: 64 columns for 49 pixels; 14x14
+with a 3x3 window: 224 for 196), so the space has a second orientation, ``pk_tile=RxW``: rows are
+the real output pixels (a pixel's word of the phased input broadcast, its address computed per
+row, so no column is dropped) and columns are output channels (16 per register, the weights
+packed in panels as ``dense_int8``'s), R pixels by W channels per register tile (``tile_m`` and
+``tile_n`` mean nothing there and take one value, so no two valid configs are one kernel). Its
+stores go one byte at a time into NCHW (a register holds 16 channels of one pixel), which pays
+where each output takes many reduction words: the default takes it where that cost is below
+the dropped columns' (VNNI hosts).
 """
 
 from __future__ import annotations
@@ -38,10 +49,11 @@ from schedule_templates.ir.nodes import (
     loop,
     store,
 )
-from schedule_templates.space import Config, ConfigSpace
+from schedule_templates.space import ChoiceKnob, Config, ConfigSpace
 from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
+from schedule_templates.templates.choose import LANES
 from schedule_templates.templates.x86_dense_int8 import (
     OUT_DTYPES,
     compensation,
@@ -60,6 +72,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     dot_default,
     dot_nest,
     dot_space,
+    pack_panels,
     padded_k,
     padded_n,
     partial_buffer,
@@ -67,6 +80,13 @@ from schedule_templates.templates.x86_dot_gemm import (
 )
 from schedule_templates.templates.x86_int8_stages import copy_rows, vector_walk
 from schedule_templates.workloads import Conv2dInt8, Workload
+
+#: the ``pk_tile`` knob: ``none`` (channel rows, what the template did before) or pixel rows,
+#: ``RxW``: R pixels by W output channels per register tile
+PK_TILES = ("none", "6x64", "4x64", "5x64", "7x32", "8x32", "6x32", "4x32", "12x16")
+#: what one pixel-row register of 16 channels costs to store into NCHW, one byte per lane, in
+#: reduction words' time (the pk default weighs it against the dropped columns it saves)
+PK_STORE_WORDS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,15 +181,36 @@ class Conv2dInt8X86(Template):
         geo = _Geometry(wl, VNNI)  # the space is the same whatever the instruction
         if is_depthwise(wl):
             return depthwise_space(geo.columns)
-        return dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
+        plain = dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
+        kg = wl.group_out
+
+        def fits(cfg: Config) -> bool:
+            tile = pk_tile(cfg)
+            if tile is None:
+                return plain.constraint is not None and plain.constraint(cfg)
+            # pixel rows use neither tile_m nor tile_n: one value each, no duplicate kernels
+            return (kg % tile[1] == 0 and cfg["tile_m"] == (kg, 1, 1)
+                    and cfg["tile_n"] == (geo.columns // LANES, 1, LANES)
+                    and cfg["tile_k"][2] <= x86_dot_gemm.MAX_KU)
+
+        return ConfigSpace((*plain.knobs, ChoiceKnob("pk_tile", PK_TILES, appended=True)),
+                           constraint=fits)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Conv2dInt8)
         geo = _Geometry(wl, VNNI)
+        space = self.space(wl)
         if is_depthwise(wl):
-            return depthwise_default(self.space(wl), geo.columns)
-        return dot_default(self.space(wl), wl.group_out, geo.columns, geo.reduction,
-                           x86_dot_gemm.int8_instruction())
+            return depthwise_default(space, geo.columns)
+        inst = x86_dot_gemm.int8_instruction()
+        plain = dot_default(space, wl.group_out, geo.columns, geo.reduction, inst)
+        pk = _pixel_rows_default(wl, geo, inst)
+        if pk is None:
+            return plain
+        return space.from_entities({
+            **{name: value for name, _, value in plain.entities},
+            "tile_m": (wl.group_out, 1, 1), "tile_n": (geo.columns // LANES, 1, LANES),
+            "pk_tile": pk})
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dInt8)
@@ -179,8 +220,13 @@ class Conv2dInt8X86(Template):
             return depthwise_kernel(wl, config, layout)
         inst, nr = geo.inst, config["tile_n"][2]
         kg = wl.group_out
+        tile = pk_tile(config)
+        pk = tile is not None
+        width = tile[1] if tile is not None else 0
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W), dtype="uint8")
-        weight = Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32")
+        weight = (Buffer("weight_packed", (wl.groups, kg // width, geo.words, width),
+                         dtype="int32") if pk
+                  else Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32"))
         taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
         data_zp = Buffer("data_zero_point", (1,), dtype="int32")
         comp = Buffer("compensation", (wl.K,), dtype="int32")
@@ -195,6 +241,31 @@ class Conv2dInt8X86(Template):
         ng, images_loop = loop("ng", wl.N * wl.groups)
         n, g = ng // wl.groups, ng % wl.groups
         prepare = _phase_stage(wl, geo, data, data_zp, phased, n, g)
+        if tile is not None:
+            pixels = wl.out_h * wl.out_w
+            tiling = _pixel_rows_tiling(config, tile, pixels, kg)
+            partial = partial_buffer(tiling, tiling["tile_m"][0] * tiling["tile_m"][2], kg,
+                                     inst)
+
+            def pixel(m: Expr) -> Expr:  # row m's column in a phase plane (last row repeated)
+                q = binop("min", m, pixels - 1)
+                return (q // wl.out_w) * geo.phase_w + q % wl.out_w
+
+            def finish_pixel(acc: Expr, m: Expr, j: Expr) -> Stmt:
+                k = g * kg + j
+                value = requantized(acc + comp[k], scale[k if wl.scale == "channel" else 0],
+                                    out_zp[0], wl.out)
+                return store(out[n, k, m // wl.out_w, m % wl.out_w], value)
+
+            nest = dot_nest(tiling, inst,
+                            a=lambda m, w: phased[cast("int64", taps[w]) + pixel(m)],
+                            b=lambda p, w, j: weight[g, p, w, j], finish=finish_pixel,
+                            partial=partial, rows=pixels)
+            params = (data, weight, taps, data_zp, comp, scale,
+                      *(() if wl.out == "f32" else (out_zp,)), out)
+            workspaces = (phased, *(() if partial is None else (partial,)))
+            return Kernel("conv2d_int8_x86", params, workspaces,
+                          (images_loop(prepare, nest),))
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
@@ -229,7 +300,7 @@ class Conv2dInt8X86(Template):
         args = {
             "data": typed(inputs, "data", np.uint8),
             **({"weight_taps": weight.reshape(wl.K, -1).astype(np.int32)} if is_depthwise(wl)
-               else {"weight_packed": _pack_weights(wl, geo, weight),
+               else {"weight_packed": _pack_weights(wl, geo, weight, config),
                      "tap_offsets": geo.tap_offsets()}),
             "data_zero_point": data_zp,
             "compensation": compensation(wl.bias, inputs, weight, int(data_zp[0])),
@@ -300,12 +371,67 @@ def _phase_stage(wl: Conv2dInt8, geo: _Geometry, data: Buffer, data_zp: Buffer,
                      *vector_walk(geo.phase_w - x_hi, element(True), "ph_e", start=x_hi))
 
 
-def _pack_weights(wl: Conv2dInt8, geo: _Geometry, weight: np.ndarray) -> np.ndarray:
+def _pack_weights(wl: Conv2dInt8, geo: _Geometry, weight: np.ndarray, config: Config
+                  ) -> np.ndarray:
     """s8 ``[K][C/groups][R][S]`` -> int32 words ``[groups][K/groups][taps x channel words]``
-    in the reduction's order, channels zero-padded (bytes for VNNI, 16-bit values else)."""
+    in the reduction's order, channels zero-padded (bytes for VNNI, 16-bit values else); for
+    pixel rows, panels ``[groups][K/groups/width][words][width]`` (16 channels' words of one
+    reduction step side by side, as one register loads them)."""
     cg = padded_k(wl.group_in, VNNI)
     values = np.zeros((wl.K, wl.R, wl.S, cg), dtype=np.int8 if geo.inst is VNNI else np.int16)
     values[..., :wl.group_in] = weight.transpose(0, 2, 3, 1)
+    tile = pk_tile(config)
+    if tile is not None:
+        width = tile[1]
+        rows = values.reshape(wl.groups, wl.group_out, -1)
+        panels = np.stack([pack_panels(rows[g], width, geo.inst.per_word)
+                           for g in range(wl.groups)])
+        return as_words(panels).reshape(wl.groups, wl.group_out // width, geo.words, width)
     words = as_words(values).reshape(wl.groups, wl.group_out, geo.words)
     return np.ascontiguousarray(words)
+
+
+def pk_tile(config: Config) -> tuple[int, int] | None:
+    """(pixels, channels) of a pixel-row config's register tile; None for channel rows."""
+    value = str(config["pk_tile"])
+    return None if value == "none" else pk_tile_of(value)
+
+
+def _pixel_rows_tiling(config: Config, tile: tuple[int, int], pixels: int, kg: int) -> Config:
+    """A pixel-row config as the tiling ``dot_nest`` reads: rows are pixels (``tile[0]`` per
+    register tile, the last tile's extra rows computed and not stored), columns channels."""
+    rows, width = tile
+    tiles = -(-pixels // rows)
+    entities = {"tile_m": (tiles, 1, rows), "tile_n": (kg // width, 1, width),
+                "tile_k": config["tile_k"], "outer_order": config["outer_order"],
+                "inner_order": config["inner_order"], "parallel": config["parallel"]}
+    return Config(config.index, tuple((name, "sp" if name.startswith("tile") else "ot", value)
+                                      for name, value in entities.items()))
+
+
+def _pixel_rows_default(wl: Conv2dInt8, geo: _Geometry, inst: DotInstruction) -> str | None:
+    """The ``pk_tile`` where pixel rows beat channel rows for ``wl``, else None: the
+    columns the default orientation computes against the pixels rounded up to whole tiles,
+    each output paying its lane-by-lane store on top of its reduction words."""
+    kg = wl.group_out
+    if inst is not VNNI or kg % LANES:
+        return None
+    pixels = wl.out_h * wl.out_w
+    # fewest rows computed, then the most accumulators, then the widest: ResNet-50's 7x7 maps
+    # (49 pixels) run best as 7 x 32, its 14x14 ones as 4 x 64 or 7 x 32 (Zen 4, int8 layers
+    # timed alone: 1.11-1.29x the channel-row default)
+    tiles = [(r, w) for r, w in map(pk_tile_of, PK_TILES[1:]) if kg % w == 0]
+    if not tiles:
+        return None
+    rows, width = min(tiles, key=lambda rw: (-(-pixels // rw[0]) * rw[0], -rw[0] * rw[1],
+                                             -rw[1]))
+    computed = -(-pixels // rows) * rows
+    if computed * (geo.words + PK_STORE_WORDS) >= 0.97 * geo.columns * geo.words:
+        return None
+    return f"{rows}x{width}"
+
+
+def pk_tile_of(value: str) -> tuple[int, int]:
+    rows, width = value.split("x")
+    return int(rows), int(width)
 
