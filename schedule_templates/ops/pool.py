@@ -8,11 +8,17 @@ border around it is scalar code that checks each tap against the image, so paddi
 a max, and counts the taps that make an average's divisor (the in-bounds ones, or with
 ``count_include_pad`` those inside the padded frame; a ceil-mode overhang beyond the frame
 never counts). Channels are shared among threads.
+
+``BytePool2d`` is the max pooling of an 8-bit tensor (a quantized model's MaxPool between a
+DequantizeLinear and a QuantizeLinear of the same parameters runs on the bytes themselves: the
+maximum commutes with a monotone dequantization, and quantizing a dequantized byte gives it
+back): the same nest on uint8 or int8 values, compared in int32.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -25,8 +31,10 @@ from schedule_templates.ir.nodes import (
     IfThen,
     Kernel,
     Load,
+    Scope,
     Stmt,
     binop,
+    cast,
     fmax,
     loop,
     store,
@@ -129,7 +137,7 @@ class Pool2d(GeneratedOp):
     def lower(self) -> Kernel:
         n, c, h, w = self.shape
         oh, ow = self.output_shape()[2:]
-        x, out = flat("x", self.shape), flat("out", self.output_shape())
+        x, out = self._flat("x", self.shape), self._flat("out", self.output_shape())
         rows = _interior(h, oh, self.kernel[0], self.stride[0], self.pads[0], self.dilation[0])
         cols = _interior(w, ow, self.kernel[1], self.stride[1], self.pads[1], self.dilation[1])
 
@@ -155,6 +163,22 @@ class Pool2d(GeneratedOp):
     def _combine(self) -> Callable[[Expr, Expr], Expr]:
         return fmax if self.mode == "max" else _add
 
+    # hooks of the element type (BytePool2d: 8-bit values compared in int32)
+    def _flat(self, name: str, shape: Shape) -> Buffer:
+        return flat(name, shape)
+
+    def _value(self, load: Expr) -> Expr:
+        """A loaded element as the window combines it."""
+        return load
+
+    def _stored(self, value: Expr) -> Expr:
+        """A window's result as the output holds it."""
+        return value
+
+    def _accumulator(self) -> tuple[Buffer, Expr]:
+        """The border's running value and its start (below any element, for max)."""
+        return local("acc", 1), fconst(_LOWEST if self.mode == "max" else 0.0)
+
     def _interior(self, x: Buffer, out: Buffer, xo: Expr, oo: Expr, row: Expr,
                   cols: tuple[int, int]) -> list[Stmt]:
         """Columns whose windows are wholly inside: every tap, no checks, SIMD along columns."""
@@ -167,10 +191,10 @@ class Pool2d(GeneratedOp):
 
         def tap_row(col: Expr, i: int | Expr) -> list[Expr]:
             base = xo + (row * sh - self.pads[0] + i * dh) * w + col * sw - self.pads[1]
-            return [x[base + j * dw] for j in range(kw)]
+            return [self._value(x[base + j * dw]) for j in range(kw)]
 
         def finish(value: Expr) -> Expr:
-            return value * scale if self.mode == "avg" else value
+            return value * scale if self.mode == "avg" else self._stored(value)
 
         def target(col: Expr) -> Load:
             return out[oo + row * ow + col]
@@ -181,10 +205,11 @@ class Pool2d(GeneratedOp):
                 tree([ld for i in range(kh) for ld in tap_row(col, i)], combine)))])
         # a big window: fold it into the output one kernel row at a time
         stmts = vector_split(length, start, lambda col, _: [
-            store(target(col), tree(tap_row(col, 0), combine))])
+            store(target(col), self._stored(tree(tap_row(col, 0), combine)))])
         i, mk_i = loop("kh", kh - 1)
         stmts.append(mk_i(vector_split(length, start, lambda col, _: [
-            store(target(col), combine(target(col), tree(tap_row(col, i + 1), combine)))])))
+            store(target(col), self._stored(combine(self._value(target(col)),
+                                                    tree(tap_row(col, i + 1), combine))))])))
         if self.mode == "avg":
             stmts += vector_split(length, start, lambda col, _: [
                 store(target(col), target(col) * scale)])
@@ -201,7 +226,7 @@ class Pool2d(GeneratedOp):
         ow = self.output_shape()[3]
         (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
         pt, pl, pb, pr = self.pads
-        acc, count = local("acc", 1), local("count", 1)
+        (acc, start), count = self._accumulator(), local("count", 1)
         if isinstance(rows, tuple):
             r, mk_r = loop("bh", rows[1] - rows[0])
             row = r + rows[0]
@@ -214,12 +239,13 @@ class Pool2d(GeneratedOp):
         ih, iw = row * sh - pt + i * dh, col * sw - pl + j * dw
         inside = _all(ih >= 0, ih < h, iw >= 0, iw < w)
         framed = _all(ih >= -pt, ih < h + pb, iw >= -pl, iw < w + pr)
-        taps = [IfThen(inside, (store(acc[0], self._combine()(acc[0], x[xo + ih * w + iw])),))]
+        taps = [IfThen(inside, (store(acc[0], self._combine()(
+            acc[0], self._value(x[xo + ih * w + iw]))),))]
         if self.mode == "avg":
             counted = framed if self.count_include_pad else inside
             taps.append(IfThen(counted, (store(count[0], count[0] + fconst(1.0)),)))
-        result = acc[0] / count[0] if self.mode == "avg" else acc[0]
-        window = [store(acc[0], fconst(_LOWEST if self.mode == "max" else 0.0)),
+        result = acc[0] / count[0] if self.mode == "avg" else self._stored(acc[0])
+        window = [store(acc[0], start),
                   store(count[0], fconst(0.0)), mk_i(mk_j(taps)),
                   store(out[oo + row * ow + col], result)]
         nest_: Stmt = mk_c(Allocate(acc, (Allocate(count, tuple(window)),)))
@@ -262,3 +288,39 @@ def _all(*conditions: Expr) -> Expr:
     for cond in conditions[1:]:
         out = binop("and", out, cond)
     return out
+
+
+@register_op
+@dataclasses.dataclass(frozen=True)
+class BytePool2d(Pool2d):
+    """MaxPool of a uint8 or int8 tensor (``mode`` max, ``count_include_pad`` False)."""
+
+    kind = "byte_pool2d"
+    dtype: str = "uint8"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode != "max" or self.count_include_pad:
+            raise GeneratedOpError("byte_pool2d: only max pooling of 8-bit values")
+        if self.dtype not in ("uint8", "int8"):
+            raise GeneratedOpError(f"byte_pool2d: dtype must be uint8 or int8, got "
+                                   f"{self.dtype!r}")
+
+    def input_dtypes(self) -> dict[str, str]:
+        return {"x": self.dtype}
+
+    def _flat(self, name: str, shape: Shape) -> Buffer:
+        return Buffer(name, (max(1, math.prod(shape)),), dtype=self.dtype)
+
+    def _value(self, load: Expr) -> Expr:
+        return cast("int32", load)  # the IR compares integers signed: widen unsigned bytes
+
+    def _stored(self, value: Expr) -> Expr:
+        return cast(self.dtype, value)
+
+    def _accumulator(self) -> tuple[Buffer, Expr]:
+        return Buffer("acc", (1,), Scope.LOCAL, "int32"), Const(-129, "int32")
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        pooled = super().reference({"x": np.asarray(inputs["x"]).astype(np.float32)})
+        return pooled.astype(self.dtype)

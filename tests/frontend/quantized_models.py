@@ -15,7 +15,8 @@ INPUT_SHAPE = (1, 3, 8, 8)
 
 
 def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = False,
-                product: bool = False, heads: bool = False) -> onnx.ModelProto:
+                product: bool = False, heads: bool = False, pool: bool = False
+                ) -> onnx.ModelProto:
     """Conv(+bias) -> Relu -> Flatten -> MatMul -> Add -> Gemm(+bias): every int8 anchor.
     ``residual`` puts a ResNet block with a projection shortcut after the first Relu:
     Add(Conv 3x3, Conv 1x1) -> Relu, both convolutions reading the same activation (a quantized
@@ -24,7 +25,10 @@ def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = 
     onnx's inference gives up at the Div, as in a torchscript BERT). ``product`` multiplies the
     residual block's two branches instead of adding them (a gate, as in BERT's GELU).
     ``heads`` splits the MatMul's 32 outputs into 4 heads of 8 and swaps the two axes before
-    the Gemm (``Reshape -> Transpose -> Reshape``, as BERT's attention moves its heads)."""
+    the Gemm (``Reshape -> Transpose -> Reshape``, as BERT's attention moves its heads).
+    ``pool`` max-pools the first Relu's output (3x3, stride 1, padded: ResNet's stem pool
+    without the downsampling), which ``quantize_static`` wraps in a DequantizeLinear and a
+    QuantizeLinear of the same parameters."""
     rng = np.random.default_rng(seed)
 
     def weight(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
@@ -44,7 +48,10 @@ def float_model(seed: int = 0, residual: bool = False, computed_flatten: bool = 
     nodes = [
         oh.make_node("Conv", ["x", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1],
                      strides=[2, 2]),
-        oh.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        *([oh.make_node("Relu", ["c1"], ["r0"], "relu1"),
+           oh.make_node("MaxPool", ["r0"], ["r1"], "pool", kernel_shape=[3, 3],
+                        pads=[1, 1, 1, 1])] if pool
+          else [oh.make_node("Relu", ["c1"], ["r1"], "relu1")]),
         *([oh.make_node("Conv", ["r1", "w4"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
            oh.make_node("Conv", ["r1", "w5"], ["c3"], "shortcut"),
            oh.make_node("Mul" if product else "Add", ["c2", "c3"], ["s2"], "residual"),
@@ -89,8 +96,8 @@ class _Reader:
 
 
 def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = False,
-              computed_flatten: bool = False, product: bool = False, heads: bool = False
-              ) -> Path:
+              computed_flatten: bool = False, product: bool = False, heads: bool = False,
+              pool: bool = False) -> Path:
     """``form`` in qdq | qoperator | dynamic; the path of the quantized model.
 
     ``reduce_range`` quantizes weights to 7 bits: onnxruntime's AVX2 u8 x s8 kernel adds pairs
@@ -106,10 +113,11 @@ def quantized(tmp: Path, form: str, reduce_range: bool = True, residual: bool = 
     )
 
     stem = (form + ("-residual" if residual else "") + ("-computed" if computed_flatten else "")
-            + ("-product" if product else "") + ("-heads" if heads else ""))
+            + ("-product" if product else "") + ("-heads" if heads else "")
+            + ("-pool" if pool else ""))
     source, target = tmp / f"float-{stem}.onnx", tmp / f"{stem}.onnx"
     onnx.save(float_model(residual=residual, computed_flatten=computed_flatten,
-                          product=product, heads=heads), source)
+                          product=product, heads=heads, pool=pool), source)
     if form == "dynamic":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8,
                          reduce_range=reduce_range)

@@ -71,3 +71,40 @@ GOOD = {"kind": "pool2d", "shape": [1, 3, 8, 8], "mode": "max", "kernel": [3, 3]
 def test_malformed_is_refused(change):
     with pytest.raises(GeneratedOpError):
         op_from_json({**GOOD, **change})
+
+
+@pytest.mark.parametrize("shape, kernel, stride, pads, dilation", CASES)
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_byte_max_pool_is_numpy_bytes(shape, kernel, stride, pads, dilation, dtype, ceil_mode):
+    """Every window's largest byte, the full range of the type included (unsigned values
+    above 127 compare as such), borders and padding never winning."""
+    import numpy as np
+
+    from schedule_templates.ops.pool import BytePool2d
+
+    op = BytePool2d(shape, "max", kernel, stride, pads, dilation, ceil_mode, False, dtype)
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, shape).astype(dtype)
+    x.reshape(-1)[::7] = info.min  # windows of minimum values: padding must not win there
+    expected = op.reference({"x": x})
+    assert expected.dtype == np.dtype(dtype) and expected.shape == op.output_shape()
+    compiled = compile_op(op)
+    try:
+        for threads in (1, 2):
+            np.testing.assert_array_equal(compiled({"x": x}, threads=threads), expected)
+    finally:
+        compiled.close()
+
+
+def test_byte_pool_refuses_what_it_does_not_do():
+    from schedule_templates.ops.pool import BytePool2d
+
+    for mode, include_pad, dtype in (("avg", False, "uint8"), ("max", True, "uint8"),
+                                     ("max", False, "float32")):
+        with pytest.raises(GeneratedOpError):
+            BytePool2d((1, 1, 4, 4), mode, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False,
+                       include_pad, dtype)
+    op = BytePool2d((1, 3, 8, 8), "max", (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False, False,
+                    "int8")
+    assert op_from_json(json.loads(json.dumps(op.to_json()))) == op

@@ -10,7 +10,8 @@ bytes exactly; ``tuner build`` compiles one kernel per distinct operator into th
 (listed under ``int8_kernels`` with ``generated``), and the runner calls it as a
 ``QuantGlueStep``. A ``Transpose`` of an 8-bit activation (the rewrite moves data on the
 8-bit tensor itself: BERT's attention heads) is a generated copy kernel of that type
-(``ops.movement.Transpose``) bound the same way. Anything else (per-channel parameters, a
+(``ops.movement.Transpose``) bound the same way, and so is a ``MaxPool`` of one (ResNet's
+stem pool, on the bytes: ``ops.pool.BytePool2d``). Anything else (per-channel parameters, a
 broadcast other than a trailing vector or a scalar, shapes not known at build time) stays a
 numpy step.
 """
@@ -26,6 +27,7 @@ import onnx
 
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError
 from schedule_templates.ops.movement import Transpose
+from schedule_templates.ops.pool import BytePool2d
 from schedule_templates.ops.quant import (
     Dequantize,
     Quantize,
@@ -37,6 +39,8 @@ from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelStep, StepLayer
 from tuner_service.compiler.deploy.node import NodeInfo
 from tuner_service.compiler.frontend.fusion import node_name
+from tuner_service.compiler.frontend.generated_context import Refused
+from tuner_service.compiler.frontend.generated_ops import pool_window
 from tuner_service.compiler.frontend.quantized_glue import INT8_ADD, INT8_MUL
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
 from tuner_service.compiler.frontend.quantized_table import INT8_TABLE
@@ -50,9 +54,9 @@ _TYPES: dict[int, str] = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8
 #: standard operators with a generated kernel when their parameters are per tensor
 GLUE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 #: standard data movement with a generated kernel when it moves an 8-bit activation
-MOVES = frozenset({"Transpose"})
+MOVES = frozenset({"Transpose", "MaxPool"})
 #: the operators a QuantGlueStep runs
-_GLUE_KINDS = (QuantizedBinary, QuantizedTable, Quantize, Dequantize, Transpose)
+_GLUE_KINDS = (QuantizedBinary, QuantizedTable, Quantize, Dequantize, Transpose, BytePool2d)
 
 
 def is_glue(node: onnx.NodeProto) -> bool:
@@ -91,6 +95,8 @@ def glue_op(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ..
         return QuantizedTable(int(np.prod(x[1], dtype=np.int64)), x[0], out)
     if node.domain == INT8_DOMAIN:
         return _quantized_add(node, tensors)
+    if node.op_type == "MaxPool":
+        return _byte_pool(node, tensors, constants)
     if node.op_type in MOVES:
         return _byte_transpose(node, tensors, constants)
     source = node.input[0]
@@ -157,11 +163,27 @@ def _byte_transpose(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple
         return None
 
 
+def _byte_pool(node: onnx.NodeProto, tensors: Mapping[str, tuple[str, tuple[int, ...]]],
+               constants: Mapping[str, onnx.TensorProto]) -> BytePool2d | None:
+    """A MaxPool of an 8-bit activation of static NCHW shape (fp32 ones are generated
+    layers)."""
+    found = tensors.get(node.input[0])
+    if node.input[0] in constants or found is None or found[0] not in ("uint8", "int8"):
+        return None
+    dtype, shape = found
+    try:
+        window = pool_window(node, shape)
+        return BytePool2d(shape=shape, mode="max", count_include_pad=False, dtype=dtype,
+                          **window)  # type: ignore[arg-type]
+    except (Refused, GeneratedOpError):
+        return None
+
+
 def _out_dtype(op: QuantizedBinary | QuantizedTable | Quantize | Dequantize | Transpose
-               ) -> str:
+               | BytePool2d) -> str:
     if isinstance(op, Dequantize):
         return "float32"
-    return op.dtype if isinstance(op, Transpose) else op.out_dtype
+    return op.dtype if isinstance(op, Transpose | BytePool2d) else op.out_dtype
 
 
 def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -95,7 +95,8 @@ def _window_max(x: Array, axis: int, size: int, stride: int, dilation: int, pad:
     else:
         shape = list(x.shape)
         shape[axis] = out
-        result = np.full(shape, -np.inf, dtype=x.dtype)
+        lowest = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf  # 8-bit MaxPool
+        result = np.full(shape, lowest, dtype=x.dtype)
     for lo, hi, offset in ranges:
         first = lo * stride + offset
         src[axis] = slice(first, first + stride * (hi - lo - 1) + 1, stride)

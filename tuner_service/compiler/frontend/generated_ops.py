@@ -60,6 +60,15 @@ def global_pool(node: onnx.NodeProto, index: int, context: PlanContext
 
 def pool2d(node: onnx.NodeProto, index: int, context: PlanContext) -> list[GeneratedLayer]:
     shape = context.shape(node.input[0])
+    op = make_op("pool2d", shape=shape, mode="max" if node.op_type == "MaxPool" else "avg",
+                 **pool_window(node, shape),
+                 count_include_pad=bool(attr(node, "count_include_pad", 0)))
+    return [layer_for(op, [index], [node.input[0]], node.output[0], context)]
+
+
+def pool_window(node: onnx.NodeProto, shape: tuple[int, ...]) -> dict[str, object]:
+    """A 2-D pooling node's window (kernel, stride, pads, dilation, ceil_mode) over an NCHW
+    input of ``shape``, else Refused."""
     if len(shape) != 4 or any(node.output[1:]):
         raise Refused(f"{node.op_type} of rank {len(shape)} (or with indices)")
     kernel = [int(k) for k in attr(node, "kernel_shape", [])]
@@ -68,11 +77,8 @@ def pool2d(node: onnx.NodeProto, index: int, context: PlanContext) -> list[Gener
     if len(kernel) != 2 or len(strides) != 2 or len(dilation) != 2:
         raise Refused("a pooling window that is not 2-D")
     pads = _pads(node, shape[2:], kernel, strides, dilation)
-    op = make_op("pool2d", shape=shape, mode="max" if node.op_type == "MaxPool" else "avg",
-                 kernel=tuple(kernel), stride=tuple(strides), pads=pads,
-                 dilation=tuple(dilation), ceil_mode=bool(attr(node, "ceil_mode", 0)),
-                 count_include_pad=bool(attr(node, "count_include_pad", 0)))
-    return [layer_for(op, [index], [node.input[0]], node.output[0], context)]
+    return {"kernel": tuple(kernel), "stride": tuple(strides), "pads": pads,
+            "dilation": tuple(dilation), "ceil_mode": bool(attr(node, "ceil_mode", 0))}
 
 
 def _pads(node: onnx.NodeProto, spatial: tuple[int, ...], kernel: list[int],

@@ -97,8 +97,9 @@ def _add_group(view: QuantGraph, position: int) -> Group | None:
     return Group(nodes, node, [])
 
 
-# data movement that onnxruntime runs on the 8-bit tensor itself (QDQ propagation)
-_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
+# data movement that onnxruntime runs on the 8-bit tensor itself (QDQ propagation), and the
+# max pooling, which commutes with the monotone dequantization (ResNet's stem pool)
+_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool")
 
 
 def requantize_free_moves(view: QuantGraph) -> Iterator[Group]:
@@ -106,7 +107,8 @@ def requantize_free_moves(view: QuantGraph) -> Iterator[Group]:
     point: the move on the 8-bit tensor itself (dequantizing and quantizing again with the same
     parameters gives back every 8-bit value exactly)."""
     for position, node in enumerate(view.graph.node):
-        if node.op_type not in _MOVES or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in _MOVES or node.domain not in ("", "ai.onnx") or any(
+                node.output[1:]):  # a MaxPool's Indices: not a move of the values
             continue
         dq = view.made_by(node.input[0], "DequantizeLinear")
         nxt = view.only_reader(node.output[0])
