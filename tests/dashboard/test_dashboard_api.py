@@ -187,6 +187,25 @@ def test_jobs_overview_shows_progress_and_the_model_estimate(
     assert job["finished_at"] and job["status"] == "done"
 
 
+def test_jobs_overview_counts_each_layer_once_for_both_layouts(
+        client: TestClient, tokens: dict[str, str]) -> None:
+    """A job tuned for ``--layout auto`` holds a conv task and its blocked twin: the estimate
+    is the faster plan's sum (the dense task in both), not every task's."""
+    twin = "conv2d_nchwc:N=1,C=8,H=8,W=8,K=8,R=3,S=3,pad=1,block=8"
+    job_id = submit(client, tokens["user"], trials=2, workloads=[*WORKLOADS, twin])
+    worker = ProtocolWorker(client, tokens["worker"])
+    worker.report(worker.claim_at_least(6))
+    worker.finish(job_id)
+    job = next(j for j in client.get("/api/v1/dashboard/jobs").json()["jobs"]
+               if j["job_id"] == job_id)
+    status = client.get(f"/api/v1/jobs/{job_id}").json()
+    cost = {t["workload"]: t["weight"] * t["best_latency_s"] for t in status["tasks"]}
+    assert len(cost) == 3
+    dense, conv = cost[WORKLOADS[0]], cost[WORKLOADS[1]]
+    assert job["estimated_latency_s"] == pytest.approx(dense + min(conv, cost[twin]))
+    assert job["estimated_latency_s"] < sum(cost.values())
+
+
 def test_workers_show_throughput_and_error_rate_by_kind(
         client: TestClient, tokens: dict[str, str]) -> None:
     submit(client, tokens["user"], trials=6)

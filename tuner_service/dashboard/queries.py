@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
+from tuner_service.compiler.frontend.layout_plans import plan_indices
 from tuner_service.db.clock import utcnow, utcnow_plus
 from tuner_service.db.models import Job, JobTask, Measurement, Model, Task, TuningLogEntry
 from tuner_service.db.states import MEASUREMENT_PENDING, MeasurementState, TaskStatus
@@ -49,7 +50,6 @@ def jobs_overview(session: Session, limit: int) -> list[dict[str, Any]]:
             func.coalesce(func.sum(JobTask.trials_done), 0).label("done"),
             func.coalesce(func.sum(JobTask.trials_budget), 0).label("budget"),
             func.sum(case((tunable & JobTask.best_cost.is_(None), 1), else_=0)).label("unbest"),
-            func.sum(case((tunable, Task.weight * JobTask.best_cost), else_=0.0)).label("e2e"),
         )
         .join(Task, Task.id == JobTask.task_id)
         .where(JobTask.job_id.in_(recent))
@@ -58,16 +58,35 @@ def jobs_overview(session: Session, limit: int) -> list[dict[str, Any]]:
     )
     rows = session.execute(
         select(Job, Model.name, progress.c.tasks, progress.c.done, progress.c.budget,
-               progress.c.unbest, progress.c.e2e)
+               progress.c.unbest)
         .outerjoin(Model, Model.id == Job.model_id)
         .outerjoin(progress, progress.c.job_id == Job.id)
         .order_by(Job.id.desc()).limit(limit)
     ).all()
+    # one more query for every listed job's tunable tasks: a job tuned for both layouts holds
+    # each conv twice (plain and blocked twin), and its estimate counts each layer once
+    costs: dict[int, list[tuple[str, float]]] = {}
+    for job_id, key, weight, best in session.execute(
+            select(JobTask.job_id, Task.workload_key, Task.weight, JobTask.best_cost)
+            .join(Task, Task.id == JobTask.task_id)
+            .where(JobTask.job_id.in_(recent), tunable).order_by(JobTask.id)):
+        costs.setdefault(job_id, []).append((key, float(weight) * float(best or 0.0)))
     return [{
         **job_summary(job), "model_name": name or None, "tasks": tasks or 0,
         "trials_done": int(done or 0), "trials_budget": int(budget or 0),
-        "estimated_latency_s": float(e2e) if tasks and not unbest and e2e else None,
-    } for job, name, tasks, done, budget, unbest, e2e in rows]
+        "estimated_latency_s": _estimate(costs.get(job.id, [])) if tasks and not unbest
+        else None,
+    } for job, name, tasks, done, budget, unbest in rows]
+
+
+def _estimate(tasks: list[tuple[str, float]]) -> float | None:
+    """Weight x best latency summed over one library plan's tasks, the faster plan where the
+    job holds both layouts' (``layout_plans``); None for nothing to sum."""
+    if not tasks:
+        return None
+    keys = [key for key, _ in tasks]
+    total = min(sum(tasks[i][1] for i in plan) for plan in plan_indices(keys))
+    return total or None
 
 
 def job_tasks(session: Session, job: Job) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner_service.compiler.frontend.layout_plans import plan_indices
 from tuner_service.db.states import JOB_FINAL, TaskStatus
 from tuner_service.errors import TunerServiceError
 
@@ -86,23 +87,8 @@ class JobProgress:
 def layout_plans(tasks: Sequence[TaskProgress]) -> list[list[TaskProgress]]:
     """The tasks of each library plan that ``tasks`` cover: one plan, or, where the tasks are
     both layouts' (a plain conv task and its blocked twin), the plain plan and the blocked one
-    (the blocked tasks and the plain ones without a twin). A twin's key is its plain task's
-    with ``_nchwc`` on the operator and a ``block`` parameter (``frontend.extract``)."""
-    twins = {_plain_key(t.workload) for t in tasks if _is_blocked(t.workload)}
-    plain = [t for t in tasks if not _is_blocked(t.workload)]
-    if not any(t.workload in twins for t in plain):
-        return [list(tasks)]  # one layout's tasks
-    return [plain, [t for t in tasks if _is_blocked(t.workload) or t.workload not in twins]]
-
-
-def _is_blocked(key: str) -> bool:
-    return key.split(":", 1)[0].endswith("_nchwc")
-
-
-def _plain_key(key: str) -> str:
-    op, _, body = key.partition(":")
-    params = [p for p in body.split(",") if not p.startswith("block=")]
-    return f"{op.removesuffix('_nchwc')}:{','.join(params)}"
+    (``frontend.layout_plans``)."""
+    return [[tasks[i] for i in plan] for plan in plan_indices([t.workload for t in tasks])]
 
 
 class ServiceClient:

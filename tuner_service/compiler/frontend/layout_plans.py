@@ -1,0 +1,35 @@
+"""Which library plans a set of tuning tasks covers, so that an end-to-end estimate counts each
+layer once.
+
+A job tuned for ``--layout auto`` holds both layouts' tasks: each plain conv task and, after
+it, its blocked twin (``frontend.extract``: the same key with ``_nchwc`` on the operator and a
+``block`` parameter). A library runs one of the two plans, never both, so an estimate is the
+faster plan's weighted sum, not the sum over every task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def plan_indices(keys: Sequence[str]) -> list[list[int]]:
+    """Positions in ``keys`` of each plan: one plan (every task) where no task has a blocked
+    twin among them, else the plain plan and the blocked one (the blocked tasks and the plain
+    ones without a twin)."""
+    twins = {plain_key(key) for key in keys if is_blocked(key)}
+    if not any(key in twins for key in keys if not is_blocked(key)):
+        return [list(range(len(keys)))]
+    plain = [i for i, key in enumerate(keys) if not is_blocked(key)]
+    blocked = [i for i, key in enumerate(keys) if is_blocked(key) or key not in twins]
+    return [plain, blocked]
+
+
+def is_blocked(key: str) -> bool:
+    return key.split(":", 1)[0].endswith("_nchwc")
+
+
+def plain_key(key: str) -> str:
+    """The plain task's key of a blocked twin's (the key itself for a plain one)."""
+    op, _, body = key.partition(":")
+    params = [p for p in body.split(",") if not p.startswith("block=")]
+    return f"{op.removesuffix('_nchwc')}:{','.join(params)}"
