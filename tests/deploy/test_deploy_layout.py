@@ -109,7 +109,8 @@ def test_auto_keeps_the_faster_measured_layout(tmp_path: Path) -> None:
     choice = manifest["layout_choice"]
     assert choice["chosen"] in ("nchw", "nchwc") and choice["nchw_ms"] > 0
     assert choice[f"{choice['chosen']}_ms"] == min(choice["nchw_ms"], choice["nchwc_ms"])
-    assert manifest.get("layout", {"mode": "nchw"})["mode"] == choice["chosen"]
+    mode = manifest.get("layout", {"mode": "nchw"})["mode"]
+    assert mode == ("nchw" if choice["chosen"] == "nchw" else "nchwc")  # or a mixed plan
     runner = ModelRunner(model, KernelLibrary(tmp_path), 1)
     feeds = runner.random_feeds(1)
     want = onnxruntime_outputs(model, feeds)
@@ -226,7 +227,8 @@ def test_auto_with_both_layouts_tuned_keeps_tuned_configs_either_way(tmp_path: P
     kernels = len(manifest["kernels"])
     assert choice["nchw_tuned"] == choice["nchwc_tuned"] == kernels
     assert set(_sources(manifest).values()) == {"tuned"}
-    assert manifest.get("layout", {"mode": "nchw"})["mode"] == choice["chosen"]
+    mode = manifest.get("layout", {"mode": "nchw"})["mode"]
+    assert mode == ("nchw" if choice["chosen"] == "nchw" else "nchwc")  # or a mixed plan
 
 
 def test_keeping_a_faster_plan_with_fewer_tuned_kernels_is_a_warning(

@@ -11,7 +11,7 @@ so conv layers never disagree. The manifest's ``layout`` entry (``{"mode": "nchw
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import onnx
@@ -40,11 +40,16 @@ def check_layout(layout: str, generated: bool) -> None:
                          "are generated kernels); build without --no-generated")
 
 
-def layout_entry(mode: str, block: int | None = None) -> dict[str, Any]:
-    """The manifest's ``layout`` entry for ``mode`` (``nchw`` or ``nchwc``)."""
+def layout_entry(mode: str, block: int | None = None, plain: Collection[str] = ()
+                 ) -> dict[str, Any]:
+    """The manifest's ``layout`` entry for ``mode`` (``nchw`` or ``nchwc``); ``plain``: the
+    conv layers (output tensors) a blocked plan keeps plain (``layout_mixed``)."""
     if mode == "nchw":
         return {"mode": "nchw"}
-    return {"mode": mode, "block": block or host_block()}
+    entry: dict[str, Any] = {"mode": mode, "block": block or host_block()}
+    if plain:
+        entry["plain"] = sorted(plain)
+    return entry
 
 
 def apply_layout(proto: onnx.ModelProto, layers: Sequence[Layer],
@@ -57,7 +62,11 @@ def apply_layout(proto: onnx.ModelProto, layers: Sequence[Layer],
         raise LibraryError(f"the manifest names an unknown layout {mode!r}; rebuild it with "
                            "tuner build")
     block = int((entry or {}).get("block", 0))
-    plan = plan_layout(proto, layers, generated, block)
-    logger.info("layout nchw%dc: %d tensors blocked, %d transforms", block, len(plan.blocked),
-                plan.transforms)
+    plain = (entry or {}).get("plain", [])
+    if not isinstance(plain, list) or not all(isinstance(name, str) for name in plain):
+        raise LibraryError("the manifest's layout names its plain layers wrongly; rebuild it "
+                           "with tuner build")
+    plan = plan_layout(proto, layers, generated, block, plain)
+    logger.info("layout nchw%dc: %d tensors blocked, %d transforms, %d conv layers plain",
+                block, len(plan.blocked), plan.transforms, len(plain))
     return plan.layers, plan.generated

@@ -1,5 +1,5 @@
-"""``tuner build --layout auto``: build the plain and the blocked plan, time both once on this
-machine, keep the faster.
+"""``tuner build --layout auto``: build the plain and the blocked plan (and up to two plans that
+mix them layer by layer, ``layout_mixed``), time them on this machine, keep the fastest.
 
 Which layout wins depends on the model (a network of 1x1 and depthwise convs gains most from
 blocked activations; DenseNet's 3x3 convs are faster NCHW with Winograd) and on the machine, so
@@ -31,6 +31,7 @@ import numpy as np
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.executor import ModelRunner
 from tuner_service.compiler.deploy.layout import check_layout
+from tuner_service.compiler.deploy.layout_mixed import mixed_plans
 from tuner_service.compiler.deploy.library import MANIFEST_FILE, build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
 from tuner_service.compiler.frontend.loading import ModelInput
@@ -65,18 +66,28 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
             # nothing would be blocked (no conv layers): the two libraries are the same
             return _copy_build(dirs["nchw"], out_dir, manifests["nchw"])
         medians = _time_libraries(model, dirs, input_shapes)
+        mixed = mixed_plans(*(ModelRunner(model, KernelLibrary(dirs[mode]),
+                                          input_shapes=input_shapes)
+                              for mode in ("nchw", "nchwc")))
+        for name, plain in mixed.items():  # per-layer layouts: some conv layers kept plain
+            dirs[name] = Path(tmp) / name
+            manifests[name] = build_library(model, book, dirs[name], target, threads,
+                                            input_shapes, generated, "nchwc", precision, plain)
+        if mixed:  # every plan timed again, side by side
+            medians = _time_libraries(model, dirs, input_shapes)
         chosen = min(medians, key=lambda mode: medians[mode])
         tuned = {mode: tuned_kernels(manifest) for mode, manifest in manifests.items()}
-        logger.info("layout auto: nchw %.2f ms (%d tuned kernels), nchwc %.2f ms (%d): "
-                    "keeping %s", medians["nchw"] * 1e3, tuned["nchw"], medians["nchwc"] * 1e3,
-                    tuned["nchwc"], chosen)
+        logger.info("layout auto: %s; keeping %s", ", ".join(
+            f"{mode} {medians[mode] * 1e3:.2f} ms ({tuned[mode]} tuned kernels)"
+            for mode in medians), chosen)
         _warn_fewer_tuned(chosen, tuned, manifests)
         _copy_build(dirs[chosen], out_dir, manifests[chosen])
     manifest_path = out_dir / MANIFEST_FILE
     manifest: dict[str, Any] = json.loads(manifest_path.read_text())
     manifest["layout_choice"] = {
         "chosen": chosen, **{f"{m}_ms": round(s * 1e3, 4) for m, s in medians.items()},
-        **{f"{m}_tuned": n for m, n in tuned.items()}}
+        **{f"{m}_tuned": n for m, n in tuned.items()},
+        **{f"{m}_plain_layers": len(plain) for m, plain in mixed.items()}}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -88,14 +99,15 @@ def tuned_kernels(manifest: dict[str, Any]) -> int:
 
 def _warn_fewer_tuned(chosen: str, tuned: dict[str, int],
                       manifests: dict[str, dict[str, Any]]) -> None:
-    other = "nchw" if chosen == "nchwc" else "nchwc"
+    other = max((mode for mode in tuned if mode != chosen), key=lambda mode: tuned[mode])
     if tuned[chosen] >= tuned[other]:
         return
     kernels = len(manifests[chosen].get("kernels", []))
+    layout = "nchw" if chosen == "nchw" else "nchwc"
     logger.warning("layout auto kept %s, measured faster, though %d of its %d kernels run "
                    "template defaults (%s had %d tuned); tune it with `tuner tune --layout "
-                   "%s` (or auto), or build with --layout %s", chosen, kernels - tuned[chosen],
-                   kernels, other, tuned[other], chosen, other)
+                   "%s` (or auto)", chosen, kernels - tuned[chosen], kernels, other,
+                   tuned[other], layout)
 
 
 def _copy_build(source: Path, out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import logging
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,8 @@ class GeneratedSpec:
 def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
                   target: str = "llvm", threads: int | None = None,
                   input_shapes: InputShapes | None = None, generated: bool = True,
-                  layout: str = "nchw", precision: str = "fp32") -> dict[str, Any]:
+                  layout: str = "nchw", precision: str = "fp32",
+                  plain_layers: Collection[str] = ()) -> dict[str, Any]:
     """Compile, link and describe; returns the manifest (also written to ``out_dir``).
 
     ``threads`` is the library's default run thread count: by default the one the configs
@@ -109,7 +110,8 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     and is recorded in the manifest, so that ``ModelRunner`` pins them the same way.
     ``generated`` compiles the other nodes the generated-operator planner maps (elementwise
     chains, pooling, softmax, ...) into the library too; without it they run in numpy.
-    ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``);
+    ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``)
+    but those named in ``plain_layers`` (by output tensor: a per-layer choice);
     ``precision`` ``bf16`` computes the dense layers on bfloat16 products (``precision``)."""
     check_layout(layout, generated)
     check_build_precision(precision)
@@ -119,7 +121,7 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     threads = default_threads(threads, tuned_threads)
     proto = load_model(model, input_shapes)
     layers = apply_precision(plan_layers(proto), precision)
-    entry = layout_entry(layout)
+    entry = layout_entry(layout, plain=plain_layers)
     layers, glayers = apply_layout(proto, layers, plan_generated(proto, layers) if generated
                                    else [], entry)
     kernels: dict[tuple[str, str, int], KernelSpec] = {}

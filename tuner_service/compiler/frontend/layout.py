@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import onnx
@@ -67,15 +67,19 @@ class LayoutPlan:
 
 
 def plan_layout(proto: onnx.ModelProto, layers: Sequence[Layer],
-                generated: Sequence[GeneratedLayer], block: int) -> LayoutPlan:
-    """Blocked layers where they fit, transforms where producers and readers disagree."""
-    return _Planner(proto, block).run(layers, generated)
+                generated: Sequence[GeneratedLayer], block: int,
+                plain: Collection[str] = ()) -> LayoutPlan:
+    """Blocked layers where they fit, transforms where producers and readers disagree.
+    ``plain`` names conv-family layers (by their output tensor) that stay in the plain layout
+    (a per-layer choice, ``deploy.layout_mixed``)."""
+    return _Planner(proto, block, frozenset(plain)).run(layers, generated)
 
 
 class _Planner:
-    def __init__(self, proto: onnx.ModelProto, block: int) -> None:
+    def __init__(self, proto: onnx.ModelProto, block: int, plain: frozenset[str]) -> None:
         self.graph = proto.graph
         self.block = block
+        self.plain = plain
         self.values = ConstantValues(proto.graph, default_opset(proto))
         self.index = index_graph(proto.graph)
         self.producer = {out: i for i, node in enumerate(proto.graph.node) for out in node.output}
@@ -117,7 +121,7 @@ class _Planner:
 
     def _conv_layer(self, layer: Layer) -> Layer | None:
         workload = blocked_workload(layer.workload, self.block)
-        if workload is None or layer.inputs.get("data") is None:
+        if workload is None or layer.inputs.get("data") is None or layer.output in self.plain:
             return None
         inputs = dict(layer.inputs)
         constants = dict(layer.constants)
