@@ -30,19 +30,15 @@ the dropped columns' (VNNI hosts).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from schedule_templates.ir.nodes import (
     Buffer,
-    Const,
     Expr,
     Kernel,
-    LoopKind,
     Scope,
-    Select,
     Stmt,
     binop,
     cast,
@@ -74,11 +70,11 @@ from schedule_templates.templates.x86_dot_gemm import (
     dot_space,
     pack_panels,
     padded_k,
-    padded_n,
     partial_buffer,
     typed,
 )
-from schedule_templates.templates.x86_int8_stages import copy_rows, vector_walk
+from schedule_templates.templates.x86_int8_phases import Geometry, phase_stage
+from schedule_templates.templates.x86_int8_stages import copy_rows
 from schedule_templates.workloads import Conv2dInt8, Workload
 
 #: the ``pk_tile`` knob: ``none`` (channel rows, what the template did before) or pixel rows,
@@ -87,85 +83,6 @@ PK_TILES = ("none", "6x64", "4x64", "5x64", "7x32", "8x32", "6x32", "4x32", "12x
 #: what one pixel-row register of 16 channels costs to store into NCHW, one byte per lane, in
 #: reduction words' time (the pk default weighs it against the dropped columns it saves)
 PK_STORE_WORDS = 16
-
-
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-    """Where everything lies: phases of the padded input, columns, reduction words."""
-
-    wl: Conv2dInt8
-    inst: DotInstruction
-
-    @property
-    def phases(self) -> int:
-        return self.wl.stride[0] * self.wl.stride[1]
-
-    @property
-    def phase_h(self) -> int:
-        top, _, bottom, _ = self.wl.pad
-        return -(-(self.wl.H + top + bottom) // self.wl.stride[0])
-
-    @property
-    def phase_w(self) -> int:
-        _, left, _, right = self.wl.pad
-        return -(-(self.wl.W + left + right) // self.wl.stride[1])
-
-    @property
-    def columns(self) -> int:
-        """Output pixels computed per group, phase-width rows, whole registers."""
-        return padded_n(self.wl.out_h * self.phase_w)
-
-    @property
-    def in_place(self) -> bool:
-        """Whether the columns are exactly the output pixels (no copy needed)."""
-        wl = self.wl
-        return self.phase_w == wl.out_w and self.columns == wl.out_h * wl.out_w
-
-    @property
-    def channel_words(self) -> int:
-        """Words holding one pixel's channels of a group (padded to whole groups of 4)."""
-        return padded_k(self.wl.group_in, self.inst) // self.inst.per_word
-
-    @property
-    def reduction(self) -> int:
-        """Values reduced per output (taps x padded channels), a multiple of 4."""
-        return self.wl.R * self.wl.S * padded_k(self.wl.group_in, VNNI)
-
-    @property
-    def words(self) -> int:
-        return self.wl.R * self.wl.S * self.channel_words
-
-    @property
-    def plane(self) -> int:
-        """Words of one phase plane of one channel word: the plane plus what the columns
-        dropped at its end read past it."""
-        wl = self.wl
-        reach = ((wl.R - 1) * wl.dilation[0] // wl.stride[0]) * self.phase_w + (
-            (wl.S - 1) * wl.dilation[1] // wl.stride[1])
-        return max(self.phase_h * self.phase_w, self.columns + reach)
-
-    def used_phases(self) -> list[int]:
-        """The phases some tap reads: all of them, or (a strided 1x1 convolution) one."""
-        wl = self.wl
-        sh, sw = wl.stride
-        used = sorted({(r * wl.dilation[0] % sh) * sw + s * wl.dilation[1] % sw
-                       for r in range(wl.R) for s in range(wl.S)})
-        return used if len(used) == 1 else list(range(self.phases))
-
-    def tap_offsets(self) -> np.ndarray:
-        """For reduction word ``(r*S + s) * channel_words + cw``: where its column 0 lies."""
-        wl = self.wl
-        sh, sw = wl.stride
-        offsets = np.zeros(self.words, dtype=np.int64)
-        for r in range(wl.R):
-            for s in range(wl.S):
-                dy, dx = r * wl.dilation[0], s * wl.dilation[1]
-                phase = (dy % sh) * sw + dx % sw
-                for cw in range(self.channel_words):
-                    offsets[(r * wl.S + s) * self.channel_words + cw] = (
-                        (phase * self.channel_words + cw) * self.plane
-                        + (dy // sh) * self.phase_w + dx // sw)
-        return offsets.astype(np.int32)
 
 
 @register
@@ -178,7 +95,7 @@ class Conv2dInt8X86(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = _as(workload, Conv2dInt8)
-        geo = _Geometry(wl, VNNI)  # the space is the same whatever the instruction
+        geo = Geometry(wl, VNNI)  # the space is the same whatever the instruction
         if is_depthwise(wl):
             return depthwise_space(geo.columns)
         plain = dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
@@ -198,7 +115,7 @@ class Conv2dInt8X86(Template):
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Conv2dInt8)
-        geo = _Geometry(wl, VNNI)
+        geo = Geometry(wl, VNNI)
         space = self.space(wl)
         if is_depthwise(wl):
             return depthwise_default(space, geo.columns)
@@ -214,7 +131,7 @@ class Conv2dInt8X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dInt8)
-        geo = _Geometry(wl, x86_dot_gemm.int8_instruction())
+        geo = Geometry(wl, x86_dot_gemm.int8_instruction())
         if is_depthwise(wl):
             layout = (geo.phase_h, geo.phase_w, geo.columns, geo.plane)
             return depthwise_kernel(wl, config, layout)
@@ -240,7 +157,7 @@ class Conv2dInt8X86(Template):
 
         ng, images_loop = loop("ng", wl.N * wl.groups)
         n, g = ng // wl.groups, ng % wl.groups
-        prepare = _phase_stage(wl, geo, data, data_zp, phased, n, g)
+        prepare = phase_stage(wl, geo, data, data_zp, phased, n, g)
         if tile is not None:
             pixels = wl.out_h * wl.out_w
             tiling = _pixel_rows_tiling(config, tile, pixels, kg)
@@ -293,7 +210,7 @@ class Conv2dInt8X86(Template):
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, Conv2dInt8)
-        geo = _Geometry(wl, x86_dot_gemm.int8_instruction())
+        geo = Geometry(wl, x86_dot_gemm.int8_instruction())
         weight = typed(inputs, "weight", np.int8)
         data_zp = typed(inputs, "data_zero_point", np.uint8).astype(np.int32).reshape(1)
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
@@ -312,66 +229,7 @@ class Conv2dInt8X86(Template):
         return args
 
 
-def _phase_stage(wl: Conv2dInt8, geo: _Geometry, data: Buffer, data_zp: Buffer,
-                 phased: Buffer, n: Expr, g: Expr) -> Stmt:
-    """Image n, group g -> ``phased[phase][channel word][y * Wh + x]``: the padded input's
-    ``(y * sh + ph, x * sw + pw)``, the zero point where that is padding.
-
-    Threaded over (channel word, phase, row) and vectorized along the row: each lane reads
-    the ``per_word`` channels of one pixel from their planes (contiguous along the row for
-    stride 1) and stores one word. Walking a pixel's channel words innermost instead read
-    bytes a plane apart and ran at about 2 GB/s (0.38 ms of a 0.56 ms 1x1 convolution over
-    256 channels at 56x56)."""
-    sh, sw = wl.stride
-    top, left, _, _ = wl.pad
-    per, bits = geo.inst.per_word, 32 // geo.inst.per_word
-    # only the phases some tap reads (a strided 1x1 convolution reads one of four)
-    used = geo.used_phases()
-    rows = len(used) * geo.phase_h
-    i, rows_loop = loop("ph_i", geo.channel_words * rows, LoopKind.PARALLEL)
-    cw, rest = i // rows, i % rows
-    y = rest % geo.phase_h
-    phase: Expr = (rest // geo.phase_h if len(used) == geo.phases else Const(used[0]))
-    iy = y * sh + phase // sw - top
-    row_inside = binop("and", iy >= 0, iy < wl.H)
-    cy = binop("min", binop("max", iy, 0), wl.H - 1)
-    # columns whose pixel is inside the image in every phase: read without clamps or selects,
-    # so the 16 lanes are one contiguous load for stride 1 (a clamped index made LLVM gather)
-    x_lo = min(geo.phase_w, -(-left // sw))
-    x_hi = max(x_lo, min(geo.phase_w, (wl.W - sw + left) // sw + 1))
-    rows_padded = any((top, wl.pad[2])) or geo.phase_h * sh > wl.H
-
-    def byte(c: Expr, x: Expr, border: bool) -> Expr:
-        ix = x * sw + phase % sw - left
-        column = binop("min", binop("max", ix, 0), wl.W - 1) if border else ix
-        value: Expr = cast("int32", data[n, g * wl.group_in + binop("min", c, wl.group_in - 1),
-                                          cy, column])
-        inside = binop("and", ix >= 0, ix < wl.W) if border else None
-        if rows_padded:
-            inside = row_inside if inside is None else binop("and", row_inside, inside)
-        if inside is not None:
-            value = Select(inside, value, data_zp[0])
-        if wl.group_in % per:  # the last word's channels past the group's are zero
-            value = Select(c < wl.group_in, value, Const(0, "int32"))
-        return value
-
-    def element(border: bool) -> Callable[[Expr], Stmt]:
-        def store_word(x: Expr) -> Stmt:
-            word: Expr = byte(cw * per, x, border)
-            for k in range(1, per):  # wrapping int32 arithmetic: the top byte may set the sign
-                word = word + byte(cw * per + k, x, border) * Const(1 << (bits * k), "int32")
-            target = phased[(phase * geo.channel_words + cw) * geo.plane
-                            + y * geo.phase_w + x]
-            return store(target, word)
-
-        return store_word
-
-    return rows_loop(*vector_walk(x_lo, element(True), "ph_l"),
-                     *vector_walk(x_hi - x_lo, element(False), "ph", start=x_lo),
-                     *vector_walk(geo.phase_w - x_hi, element(True), "ph_e", start=x_hi))
-
-
-def _pack_weights(wl: Conv2dInt8, geo: _Geometry, weight: np.ndarray, config: Config
+def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Config
                   ) -> np.ndarray:
     """s8 ``[K][C/groups][R][S]`` -> int32 words ``[groups][K/groups][taps x channel words]``
     in the reduction's order, channels zero-padded (bytes for VNNI, 16-bit values else); for
@@ -409,7 +267,7 @@ def _pixel_rows_tiling(config: Config, tile: tuple[int, int], pixels: int, kg: i
                                       for name, value in entities.items()))
 
 
-def _pixel_rows_default(wl: Conv2dInt8, geo: _Geometry, inst: DotInstruction) -> str | None:
+def _pixel_rows_default(wl: Conv2dInt8, geo: Geometry, inst: DotInstruction) -> str | None:
     """The ``pk_tile`` where pixel rows beat channel rows for ``wl``, else None: the
     columns the default orientation computes against the pixels rounded up to whole tiles,
     each output paying its lane-by-lane store on top of its reduction words."""

@@ -273,12 +273,12 @@ def test_conv_int8_padding_is_the_zero_point(instruction, groups):
 
 def _pixel_rows(key, rows, width, **entities):
     """The default config of ``key`` turned to pixel rows with that register tile."""
-    from schedule_templates.templates.x86_conv2d_int8 import _Geometry
+    from schedule_templates.templates.x86_int8_phases import Geometry
 
     workload = parse_workload(key)
     template = get_template("conv2d_int8")
     base = {name: value for name, _, value in template.default_config(workload).entities}
-    columns = _Geometry(workload, x86_dot_gemm.VNNI).columns
+    columns = Geometry(workload, x86_dot_gemm.VNNI).columns
     return {**base, "tile_m": (workload.group_out, 1, 1), "tile_n": (columns // 16, 1, 16),
             "pk_tile": f"{rows}x{width}", **entities}
 
