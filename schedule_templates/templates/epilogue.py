@@ -37,6 +37,25 @@ class EpilogueStage:
 
     def apply(self, value: Expr, channel: ExprLike, index: tuple[ExprLike, ...]) -> Expr:
         """The stored value for accumulator ``value`` at output ``index`` of ``channel``."""
+        return self.activation(self.apply_linear(value, channel, index))
+
+    @property
+    def deferred(self) -> bool:
+        """Whether the activation is a math call (sigmoid, SiLU, tanh, GELU): tens of vector
+        instructions per element, which a template may apply in a pass of its own over a
+        stored tile (``apply_linear`` then ``activation``) rather than on every accumulator
+        of a register tile at once, where they spill."""
+        act = self.epilogue.activation
+        return act is not None and act.name in _CALLS
+
+    def activation(self, value: Expr) -> Expr:
+        """The smooth activation alone (identity without one)."""
+        act = self.epilogue.activation
+        return value if act is None else _ACTIVATION_IR[act.name](value, act.params)
+
+    def apply_linear(self, value: Expr, channel: ExprLike, index: tuple[ExprLike, ...]
+                     ) -> Expr:
+        """Everything before the smooth activation: scale, bias, residual, clip."""
         if self.scale is not None:
             value = value * self.scale[channel]
         if self.bias is not None:
@@ -49,9 +68,6 @@ class EpilogueStage:
                 value = fmax(value, low)
             if high != math.inf:
                 value = fmin(value, high)
-        if self.epilogue.activation is not None:
-            act = self.epilogue.activation
-            value = _ACTIVATION_IR[act.name](value, act.params)
         return value
 
 
@@ -68,6 +84,10 @@ _ACTIVATION_IR: dict[str, Callable[[Expr, tuple[float, ...]], Expr]] = {
     "tanh": lambda x, _: call("tanh", x),
     "gelu": lambda x, _: x * 0.5 * (call("erf", x * math.sqrt(0.5)) + 1.0),
 }
+
+
+#: activations built on a math call (``deferred``)
+_CALLS = frozenset({"sigmoid", "silu", "tanh", "gelu"})
 
 
 def epilogue_stage(workload: Workload) -> EpilogueStage:

@@ -207,3 +207,18 @@ def test_every_fusing_template_is_covered():
     fusing = {t.op for t in all_templates() if t.fuses_epilogue and t.target_kind == "llvm"}
     assert fusing == set(BASES)
     assert all(BASES.values()), "declare examples on the workload class of every fusing operator"
+
+
+@pytest.mark.parametrize("epilogue", ["bias+gelu", "scale+bias+residual+silu",
+                                      "scale+sigmoid", "bias+tanh"])
+@pytest.mark.parametrize("base", BASES["dense"])
+def test_dense_applies_a_math_activation_in_a_pass_of_its_own(base, epilogue):
+    """A math-call activation runs over the stored tile row by row after the linear part (also
+    when the reduction is split, and on padded rows that are never stored)."""
+    workload = fused(base, epilogue)
+    template = get_template("dense")
+    kernel = template.lower(workload, template.default_config(workload))
+    assert "r_a" in repr(kernel)  # the separate row loop of the activation
+    for index in configs(workload, count=2):
+        check(workload, index)
+    check(workload, configs(workload, count=1)[-1], threads=2)
