@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner_service.cli import tables
-from tuner_service.cli.models import add_input_shape_flag
+from tuner_service.cli.models import add_input_shape_flag, add_layout_flags
 from tuner_service.db.states import JOB_FINAL, JobStatus
 from tuner_service.tuning.remote import (
     DEFAULT_SERVER,
@@ -187,12 +187,7 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--tuner", default="xgb-transfer")
     submit.add_argument("--wait", action="store_true", help="show live progress until done")
     add_input_shape_flag(submit)
-    submit.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
-                        help="tune the tasks of a `tuner build --layout` library: nchw (the "
-                        "default), nchwc (conv layers as blocked workloads) or auto (both)")
-    submit.add_argument("--block", type=int, default=None,
-                        help="channel block of nchwc/auto: the workers' vector width in floats "
-                        "(8 AVX2, 16 AVX-512; default: this CPU's)")
+    add_layout_flags(submit, "tune the tasks of")
     _connection_flags(submit)
     submit.set_defaults(func=_submit)
 

@@ -36,12 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     extract.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                          help="the tasks of a `tuner build --precision` library (bf16: the "
                          "dense_bf16 keys to tune with `tuner tune KEY`); default fp32")
-    extract.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
-                         help="the tasks of a `tuner build --layout` library: nchw (the "
-                         "default), nchwc (conv layers as blocked workloads) or auto (both)")
-    extract.add_argument("--block", type=int, default=None,
-                         help="channel block of nchwc/auto (default: this CPU's vector width "
-                         "in floats, 8 with AVX2, 16 with AVX-512)")
+    add_layout_flags(extract, "the tasks of")
     extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
     extract.set_defaults(func=run_extract)
 
@@ -60,6 +55,17 @@ def add_input_shape_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape", action="append", default=[], metavar="NAME=DIMS",
         help="pin a dynamic input's shape, e.g. input_ids=1x128 (repeat for each input)")
+
+
+def add_layout_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--layout nchw|nchwc|auto`` (default nchw) and ``--block`` (extract, submit): which
+    library plan's tasks ``what`` names."""
+    parser.add_argument("--layout", choices=("nchw", "nchwc", "auto"), default="nchw",
+                        help=f"{what} a `tuner build --layout` library: nchw (the default), "
+                        "nchwc (conv layers as blocked workloads) or auto (both)")
+    parser.add_argument("--block", type=int, default=None,
+                        help="channel block of nchwc/auto: the vector width in floats of the "
+                        "CPU that runs the library (8 AVX2, 16 AVX-512; default: this CPU's)")
 
 
 def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
