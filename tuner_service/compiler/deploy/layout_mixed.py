@@ -74,15 +74,14 @@ def candidates(times: dict[str, LayerTimes], transform_s: float) -> dict[str, fr
 def layer_times(plain: ModelRunner, blocked: ModelRunner, feeds: dict[str, np.ndarray]
                 ) -> tuple[dict[str, LayerTimes], float]:
     """Every conv layer the blocked plan blocks, timed alone in both plans, and the median
-    seconds per element of the blocked plan's transforms."""
-    plain_s = _kernel_seconds(plain, feeds)
-    blocked_s = _kernel_seconds(blocked, feeds)
+    seconds per element of the blocked plan's transforms (each plan profiled once)."""
+    plain_steps, blocked_steps = _profile(plain, feeds), _profile(blocked, feeds)
+    plain_s = _kernel_seconds(plain_steps)
     times: dict[str, LayerTimes] = {}
-    for output, (seconds, _, op) in blocked_s.items():
+    for output, (seconds, _, op) in _kernel_seconds(blocked_steps).items():
         if op.endswith("_nchwc") and output in plain_s:
             times[output] = LayerTimes(plain_s[output][0], seconds, plain_s[output][1])
-    rates = [seconds / math.prod(step.op.output_shape())
-             for step, seconds in _profile(blocked, feeds)
+    rates = [seconds / math.prod(step.op.output_shape()) for step, seconds in blocked_steps
              if isinstance(step, GeneratedStep) and step.op.kind in ("to_nchwc", "from_nchwc")]
     return times, float(np.median(rates)) if rates else FALLBACK_TRANSFORM_S
 
@@ -93,12 +92,11 @@ def _profile(runner: ModelRunner, feeds: dict[str, np.ndarray]) -> list[tuple[ob
                                                                  strict=True)]
 
 
-def _kernel_seconds(runner: ModelRunner, feeds: dict[str, np.ndarray]
-                    ) -> dict[str, tuple[float, int, str]]:
+def _kernel_seconds(profile: list[tuple[object, float]]) -> dict[str, tuple[float, int, str]]:
     """Plain output tensor -> (seconds alone, output elements, operator) of each tuned-template
-    kernel step (a blocked tensor ``T@nchw16c`` counts as ``T``)."""
+    kernel step of a profile (a blocked tensor ``T@nchw16c`` counts as ``T``)."""
     found = {}
-    for step, seconds in _profile(runner, feeds):
+    for step, seconds in profile:
         if isinstance(step, KernelStep) and not isinstance(step, GeneratedStep) \
                 and hasattr(step.kernel, "workload"):
             output = step.outputs[0].split("@", 1)[0]
