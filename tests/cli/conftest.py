@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tuner_service.tuning.embedded import LocalService
 
 TUNER = [sys.executable, "-m", "tuner_service.cli.main"]
 
@@ -46,3 +48,15 @@ def run_tuner(args: Sequence[str], cwd: Path, timeout: float = 600,
     environment.pop("TUNER_DATABASE_URL", None)
     return subprocess.run([*TUNER, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=environment)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalService]:
+    """An embedded server (SQLite, no workers) on a free port, for the client commands."""
+    from tuner_service.settings import Settings
+    from tuner_service.tuning.embedded import local_service
+
+    data = tmp_path / "server"
+    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'tuner.db'}", port=0)
+    with local_service(settings, workers=None) as service:
+        yield service

@@ -6,23 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.cli.conftest import TUNER
-from tuner_service.settings import Settings
-from tuner_service.tuning.embedded import LocalService, local_service
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalService]:
-    data = tmp_path / "server"
-    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'tuner.db'}", port=0)
-    with local_service(settings, workers=None) as service:
-        yield service
+from tuner_service.tuning.embedded import LocalService
 
 
 def test_submit_wait_reports_no_worker(small_model: Path, server: LocalService) -> None:

@@ -4,7 +4,6 @@ library layout it names, and a blocked build then runs tuned blocked kernels."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,8 +12,7 @@ import pytest
 
 from tests.cli.conftest import run_tuner
 from tuner_service.compiler.deploy.layout import host_block
-from tuner_service.settings import Settings
-from tuner_service.tuning.embedded import LocalService, local_service
+from tuner_service.tuning.embedded import LocalService
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -35,14 +33,6 @@ def write_conv_model(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])], weights)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalService]:
-    data = tmp_path / "server"
-    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'tuner.db'}", port=0)
-    with local_service(settings, workers=None) as service:
-        yield service
 
 
 def test_tune_auto_tunes_both_layouts_and_a_blocked_build_uses_them(tmp_path: Path) -> None:

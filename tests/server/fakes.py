@@ -40,6 +40,20 @@ def synthetic_cost(index: int) -> float:
     return 1e-4 * (1.0 + (index * 7919) % 101 / 50.0)
 
 
+def conv_model() -> Any:
+    """A one-layer ONNX model (3x3 conv, 3 -> 4 channels at 8x8, seeded weight) for uploads."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], "conv", pads=[1, 1, 1, 1])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
 

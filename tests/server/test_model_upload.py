@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from tuner_service.settings import Settings
 
-from .fakes import bearer
+from .fakes import bearer, conv_model
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -28,13 +28,7 @@ WEIGHT_BYTES = 4 * 3 * 3 * 3 * 4
 @pytest.fixture(scope="module")
 def members(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """A conv model saved with its weight in ``model.onnx.data``: the two files' bytes."""
-    w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], "conv", pads=[1, 1, 1, 1])], "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        initializer=[numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = conv_model()
     folder = tmp_path_factory.mktemp("model")
     onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True,
               location="model.onnx.data", size_threshold=0)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from . import fakes
 from .fakes import bearer
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 CONV_KEY = "conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1"
 BLOCKED_KEY = "conv2d_nchwc:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1,block=8"
@@ -20,14 +19,7 @@ BLOCKED_KEY = "conv2d_nchwc:N=1,C=3,H=8,W=8,K=4,R=3,S=3,pad=1,block=8"
 
 @pytest.fixture(scope="module")
 def conv_model() -> bytes:
-    w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], "conv", pads=[1, 1, 1, 1])], "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        initializer=[numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    return bytes(model.SerializeToString())
+    return bytes(fakes.conv_model().SerializeToString())
 
 
 def upload(client: TestClient, token: str, data: bytes,
