@@ -1,5 +1,8 @@
 """Vendor-library throughput of one workload on the GPU: cuBLAS (dense, batch_matmul) and
 cuDNN (conv2d, depthwise) through PyTorch, fp32 with TF32 off, timed with CUDA events.
+``dense_int8`` runs PyTorch's int8 matmul (``torch._int_mm``: cuBLASLt on the int8 tensor
+cores, s8 x s8 -> s32, no requantization; it needs M > 16 and K, N multiples of 8).
+``conv2d_int8`` has no int8 convolution in PyTorch on CUDA: reported as such.
 
 Usage: python bench/cuda_baselines.py WORKLOAD_KEY  -> one JSON object on stdout.
 Fails soft: without torch or a GPU it prints ``{"torch_gflops": null, "reason": ...}``.
@@ -18,6 +21,10 @@ from schedule_templates.workloads import parse_workload
 def torch_call(torch: Any, workload: Any, inputs: dict[str, Any]) -> Callable[[], object]:
     """The library call for the workload, on tensors already on the GPU."""
     f = torch.nn.functional
+    if workload.op == "dense_int8":
+        data = torch.from_numpy(inputs["data"].view("int8")).cuda()  # the bytes, as s8
+        weight_t = torch.from_numpy(inputs["weight"]).cuda().t()
+        return lambda: torch._int_mm(data, weight_t)
     dev = {k: torch.from_numpy(v).cuda() for k, v in inputs.items()}
     out = torch.empty(workload.output_shape(), device="cuda")
     if workload.op == "dense":
@@ -46,7 +53,13 @@ def gflops(key: str, min_ms: float = 200.0, repeat: int = 5) -> dict[str, Any]:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True  # let cuDNN pick its fastest algorithm
     workload = parse_workload(key)
-    fn = torch_call(torch, workload, workload.make_inputs(0))
+    if workload.op == "conv2d_int8":
+        return {"torch_gflops": None, "reason": "PyTorch has no int8 convolution on CUDA"}
+    try:
+        fn = torch_call(torch, workload, workload.make_inputs(0))
+        fn()
+    except RuntimeError as e:  # e.g. _int_mm's shape rules
+        return {"torch_gflops": None, "reason": f"{type(e).__name__}: {e}"[:300]}
     with torch.no_grad():
         for _ in range(3):
             fn()

@@ -124,23 +124,32 @@ def dot_peaks(threads: int) -> dict[str, float]:
     return peaks
 
 
-def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int
-                  ) -> dict[str, Any]:
+def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int,
+                  target: str = "llvm") -> dict[str, Any]:
     """int8 and bf16 columns for a plain key (``low_precision_keys``): tuned and default
-    throughput (int8 in integer operations per second, counted like FLOPs)."""
+    throughput (int8 in integer operations per second, counted like FLOPs). On a GPU: int8
+    only (dp4a), with PyTorch's int8 matmul (cuBLASLt, tensor cores) where it has one."""
     row: dict[str, Any] = {}
-    features = set(host_features().split(","))
+    gpu = target.startswith("cuda")
+    features = set() if gpu else set(host_features().split(","))
     for column, lowp_key in low_precision_keys(key).items():
+        if column == "bf16" and gpu:
+            row[f"{column}_skipped"] = "no bf16 CUDA template yet"
+            continue
         if column == "bf16" and "+avx512bf16" not in features:
             row[f"{column}_skipped"] = "this host lacks AVX-512 BF16"
             continue
         op = lowp_key.partition(":")[0]
         try:
-            get_template(op).space(parse_workload(lowp_key))
+            get_template(op, target).space(parse_workload(lowp_key))
         except InvalidWorkloadError as e:
             row[f"{column}_skipped"] = str(e)
             continue
-        result = tune_one(lowp_key, threads, trials, tuner_name, seed)
+        result = tune_one(lowp_key, threads, trials, tuner_name, seed, target)
+        if gpu:
+            library = baselines(lowp_key, threads, target)
+            row[f"{column}_torch_gops"] = library.get("torch_gflops")
+            row[f"{column}_torch_reason"] = library.get("reason")
         row[f"{column}_workload"] = lowp_key
         row[f"{column}_tuned_gops"] = result["tuned_gflops"]
         row[f"{column}_default_gops"] = result["default_gflops"]
@@ -183,6 +192,12 @@ def main() -> None:
         row: dict[str, Any] = {"workload": key, "threads": args.threads, "trials": trials}
         row.update(tune_one(key, args.threads, trials, args.tuner, args.seed, args.target))
         row.update(baselines(key, args.threads, args.target))
+        if gpu and not args.no_lowp:
+            row.update(low_precision(key, args.threads, trials, args.tuner, args.seed,
+                                     args.target))
+            row["int8_vs_fp32"] = ratio(row.get("int8_tuned_gops"), row["tuned_gflops"])
+            row["int8_vs_torch_int8"] = ratio(row.get("int8_tuned_gops"),
+                                              row.get("int8_torch_gops"))
         if not gpu and not args.no_lowp:
             row.update(low_precision(key, args.threads, trials, args.tuner, args.seed))
             for column in ("int8", "bf16"):

@@ -8,8 +8,12 @@
 - a vectorized loop of 2 or 4 lanes around one store reads every unit-stride operand whose
   address provably divides by the width as one ``float2``/``float4`` (and writes the same way);
   anything else is emitted lane by lane, which is always correct;
-- inputs are ``const float* __restrict__``, indices are 32-bit ``int`` (tensors stay below
-  2^30 elements).
+- inputs are ``const T* __restrict__`` of their element type (``float``, ``int``, ``unsigned
+  char``, ``signed char``), indices are 32-bit ``int`` (tensors stay below 2^30 elements);
+- ``Cast`` is a C conversion (float to integer truncates, as in the IR; integer narrowing
+  wraps), ``roundeven`` is ``rintf`` (round half to even in the default rounding mode),
+  ``dp4a`` is PTX ``dp4a.u32.s32`` through a small inline function emitted once per file, and
+  ``bytes4`` packs four low bytes with shifts.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from schedule_templates.ir.nodes import (
     BinOp,
     Buffer,
     Call,
+    Cast,
     Const,
     Expr,
     IfThen,
+    Intrinsic,
     Kernel,
     Load,
     Loop,
@@ -59,6 +65,20 @@ _C_MATH = {"exp": "expf({})", "log": "logf({})", "sqrt": "sqrtf({})", "tanh": "t
            "erf": "erff({})", "sigmoid": "(1.0f / (1.0f + expf(-({}))))", "abs": "fabsf({})",
            "floor": "floorf({})"}
 _COMPONENTS = "xyzw"
+#: the C element type of each IR element type the generator supports
+_C_TYPES = {"float32": "float", "int32": "int", "uint8": "unsigned char", "int8": "signed char"}
+#: element types with ``float2``/``float4``-style vector types (``int2``, ``int4``)
+_VECTOR_TYPES = {"float32": "float", "int32": "int"}
+#: PTX dp4a with an unsigned first operand (CUDA's ``__dp4a`` has only equal signs); guarded,
+#: since several kernels may share one file
+_DP4A = """#ifndef TUNER_DP4A_US
+#define TUNER_DP4A_US
+static __device__ __forceinline__ int tuner_dp4a_us(int a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+#endif"""
 _ATOM = 100  # precedence of text that never needs brackets
 _RESERVED = {"int", "float", "const", "for", "if", "else", "do", "while", "return", "char",
              "void", "auto", "register", "signed", "unsigned", "long", "short", "double",
@@ -106,17 +126,17 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
         self.buffers: dict[Buffer, str] = {}
         self.shared_bytes = 0
         self._temps = 0
+        self._uses_dp4a = False
 
     def generate(self) -> CudaKernel:
         args = (*self.kernel.params, *self.kernel.workspace)
         written = stored_buffers(self.kernel.body)
         decls = []
         for buf in args:
-            if buf.dtype != "float32":
-                raise CodegenError(f"argument {buf.name}: only float32 buffers are supported")
+            ctype = _c_type(buf)
             cname = self._buffer_name(buf)
             const = "" if buf in written else "const "
-            decls.append(f"{const}float* __restrict__ {cname}")
+            decls.append(f"{const}{ctype}* __restrict__ {cname}")
         self._body(self.kernel.body)
         grid, block = self.dims.grid, self.dims.block
         header = [
@@ -125,7 +145,8 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
             f'extern "C" __global__ void __launch_bounds__({self.dims.threads})',
             f"{self.name}({', '.join(decls)}) {{",
         ]
-        source = "\n".join([*header, *self.lines, "}"]) + "\n"
+        helpers = [_DP4A] if self._uses_dp4a else []
+        source = "\n".join([*helpers, *header, *self.lines, "}"]) + "\n"
         return CudaKernel(self.name, source, grid, block, self.shared_bytes,
                           tuple(b.name for b in args))
 
@@ -181,15 +202,14 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
 
     def visit_allocate(self, s: Allocate) -> None:
         buf = s.buffer
-        if buf.dtype != "float32":
-            raise CodegenError(f"buffer {buf.name}: only float32 buffers are supported")
+        ctype = _c_type(buf)
         cname = self._buffer_name(buf)
         size = buf.size + buf.slack
         if buf.scope is Scope.SHARED:
-            self.shared_bytes += 4 * size
-            self._emit(f"__shared__ __align__(16) float {cname}[{size}];")
+            self.shared_bytes += _ITEM_BYTES[buf.dtype] * size
+            self._emit(f"__shared__ __align__(16) {ctype} {cname}[{size}];")
         elif buf.scope is Scope.LOCAL:
-            self._emit(f"float {cname}[{size}];")
+            self._emit(f"{ctype} {cname}[{size}];")
         else:
             raise CodegenError(f"buffer {buf.name}: cannot allocate {buf.scope.value} memory")
         self._body(s.body)
@@ -242,17 +262,19 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
         st = s.body[0]
         lane = s.var
         vec_loads = [ld for ld in _unique_loads(st.value)
-                     if vector_access(ld.buffer, ld.indices, lane, lanes)]
-        vec_store = vector_access(st.buffer, st.indices, lane, lanes)
+                     if ld.buffer.dtype in _VECTOR_TYPES
+                     and vector_access(ld.buffer, ld.indices, lane, lanes)]
+        vec_store = (st.buffer.dtype in _VECTOR_TYPES
+                     and vector_access(st.buffer, st.indices, lane, lanes))
         if not vec_loads and not vec_store:
             return False
-        vtype = f"float{lanes}"
         self._emit("{")
         self.depth += 1
         parts: dict[int, list[Var]] = {}
         for ld in vec_loads:
             tmp = f"v{self._temps}"
             self._temps += 1
+            vtype = f"{_VECTOR_TYPES[ld.buffer.dtype]}{lanes}"
             base = substitute(flat_offset(ld.buffer, ld.indices), lane, 0)
             self._emit(f"const {vtype} {tmp} = *reinterpret_cast<const {vtype}*>("
                        f"&{self.buffers[ld.buffer]}[{self._expr(fold_sums(base))}]);")
@@ -266,6 +288,7 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
             values.append(self._expr(substitute(picked.visit_expr(st.value), lane, i)))
         offset = flat_offset(st.buffer, st.indices)
         if vec_store:
+            vtype = f"{_VECTOR_TYPES[st.buffer.dtype]}{lanes}"
             base = substitute(offset, lane, 0)
             self._emit(f"*reinterpret_cast<{vtype}*>(&{self.buffers[st.buffer]}"
                        f"[{self._expr(fold_sums(base))}]) = make_{vtype}({', '.join(values)});")
@@ -324,12 +347,41 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
     def visit_call(self, e: Call) -> tuple[str, int]:
         return _C_MATH[e.fn].format(self._expr(e.arg)), _ATOM
 
+    def visit_cast(self, e: Cast) -> tuple[str, int]:
+        if e.to not in _C_TYPES or e.arg.dtype not in _C_TYPES:
+            raise CodegenError(f"cannot convert {e.arg.dtype} to {e.to} in CUDA C")
+        if e.to == e.arg.dtype:
+            return self.visit_expr(e.arg)
+        return f"(({_C_TYPES[e.to]})({self._expr(e.arg)}))", _ATOM
+
+    def visit_intrinsic(self, e: Intrinsic) -> tuple[str, int]:
+        args = [self._expr(a) for a in e.args]
+        if e.fn == "roundeven":
+            return f"rintf({args[0]})", _ATOM
+        if e.fn == "dp4a":  # (acc, unsigned bytes, signed bytes)
+            self._uses_dp4a = True
+            return f"tuner_dp4a_us({args[1]}, {args[2]}, {args[0]})", _ATOM
+        if e.fn == "bytes4":
+            parts = [f"(((unsigned)({a}) & 255u) << {8 * i})" for i, a in enumerate(args)]
+            return f"((int)({' | '.join(parts)}))", _ATOM
+        raise CodegenError(f"the CUDA generator has no {e.fn} (an x86 instruction)")
+
 
 def _unique_loads(e: Expr) -> list[Load]:
     seen: dict[int, Load] = {}
     for ld in loads_in(e):
         seen.setdefault(id(ld), ld)
     return list(seen.values())
+
+
+_ITEM_BYTES = {"float32": 4, "int32": 4, "uint8": 1, "int8": 1}
+
+
+def _c_type(buf: Buffer) -> str:
+    try:
+        return _C_TYPES[buf.dtype]
+    except KeyError:
+        raise CodegenError(f"buffer {buf.name}: no CUDA C type for {buf.dtype}") from None
 
 
 def _identifier(name: str) -> str:

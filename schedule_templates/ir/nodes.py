@@ -245,6 +245,12 @@ INTRINSICS: dict[str, IntrinsicSig] = {
     "pmaddwd": IntrinsicSig("int32", ("int32", "int32", "int32")),
     # round half to even (the rounding of onnxruntime's requantization)
     "roundeven": IntrinsicSig("float32", ("float32",)),
+    # vpdpbusd's arithmetic at any width: acc + the 4 products (u8 of a) * (s8 of b) of each
+    # 32-bit lane (CUDA's dp4a, PTX ``dp4a.u32.s32``; LLVM emits it portably for host runs)
+    "dp4a": IntrinsicSig("int32", ("int32", "int32", "int32")),
+    # one word from the low bytes of four values, the first in the lowest byte (the word a
+    # dot-product instruction takes, gathered from bytes that are not adjacent in memory)
+    "bytes4": IntrinsicSig("int32", ("int32", "int32", "int32", "int32")),
 }
 
 

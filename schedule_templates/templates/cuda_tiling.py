@@ -253,6 +253,13 @@ class Operand:
 StoreFn = Callable[[Expr, Expr, Expr], Load]
 #: (accumulator, batch, m, n) -> the value stored (an epilogue, or the accumulator itself)
 FinishFn = Callable[[Expr, Expr, Expr, Expr], Expr]
+#: (accumulator, a, b) -> the accumulator after one step of the reduction
+MaddFn = Callable[[Expr, Expr, Expr], Expr]
+
+
+def fma(acc: Expr, a: Expr, b: Expr) -> Expr:
+    """The fp32 step: ``a * b + acc`` (nvcc contracts it into one FMA)."""
+    return a * b + acc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,19 +272,27 @@ class GemmProblem:
     b: Operand
     out: StoreFn
     finish: FinishFn
+    #: element type of the operand tiles and the accumulators; an int8 GEMM runs on int32
+    #: words of four bytes (the reduction ``K`` counts words) with ``madd`` a dp4a
+    dtype: str = "float32"
+    madd: MaddFn = fma
+
+    @property
+    def zero(self) -> Const:
+        return Const(0.0, "float32") if self.dtype == "float32" else Const(0, self.dtype)
 
 
 def gemm_nest(t: GemmTiles, p: GemmProblem) -> Stmt:
-    zero = Const(0.0, "float32")
+    zero = p.zero
     bz: Expr = Const(0)
     z_loop: Callable[..., Stmt] = _no_loop
     if p.batch > 1:
         bz, z_loop = loop("b", p.batch, LoopKind.BLOCK_Z)
     by, y_loop = loop("bm", ceil_div(p.M, t.bm), LoopKind.BLOCK_Y)
     bx, x_loop = loop("bn", ceil_div(p.N, t.bn), LoopKind.BLOCK_X)
-    a_sh = Buffer("A_shared", (t.bk, t.bm + t.pad), Scope.SHARED)
-    b_sh = Buffer("B_shared", (t.bk, t.bn + t.pad), Scope.SHARED)
-    acc = Buffer("acc", (t.mr, t.nr), Scope.LOCAL)
+    a_sh = Buffer("A_shared", (t.bk, t.bm + t.pad), Scope.SHARED, p.dtype)
+    b_sh = Buffer("B_shared", (t.bk, t.bn + t.pad), Scope.SHARED, p.dtype)
+    acc = Buffer("acc", (t.mr, t.nr), Scope.LOCAL, p.dtype)
     m0, n0 = by * t.bm, bx * t.bn
 
     i, i_loop = loop("i", t.mr, LoopKind.UNROLL)
@@ -291,7 +306,7 @@ def gemm_nest(t: GemmTiles, p: GemmProblem) -> Stmt:
         return [*_tile_load(t, p, p.a, a_sh, bz, m0, t.bm, k0, tid, "a"),
                 *_tile_load(t, p, p.b, b_sh, bz, n0, t.bn, k0, tid, "b")]
 
-    compute = _threads(t, lambda ty, tx, _tid: _compute(t, a_sh, b_sh, acc, ty, tx))
+    compute = _threads(t, lambda ty, tx, _tid: _compute(t, p, a_sh, b_sh, acc, ty, tx))
     main = k_outer(_threads(t, load_phase), Barrier(), compute, Barrier())
     store_phase = _threads(t, lambda ty, tx, _tid: _store_tile(t, p, acc, bz, m0, n0, ty, tx))
     body = Allocate(a_sh, (Allocate(b_sh, (Allocate(acc, (init, main, store_phase)),)),))
@@ -333,7 +348,7 @@ def _tile_load(t: GemmTiles, p: GemmProblem, op: Operand, dst: Buffer, bz: Expr,
         k = binop("min", k, p.K - (w if along_k else 1))
     value = op.load(bz, mn, k + lane_e) if along_k else op.load(bz, mn + lane_e, k)
     if cond is not None:
-        value = Select(cond, value, Const(0.0, "float32"))
+        value = Select(cond, value, p.zero)
     copy: Stmt = store(target, value)
     if w > 1:
         copy = lane_loop(copy)
@@ -342,17 +357,17 @@ def _tile_load(t: GemmTiles, p: GemmProblem, op: Operand, dst: Buffer, bz: Expr,
     return [step_loop(copy)]
 
 
-def _compute(t: GemmTiles, a_sh: Buffer, b_sh: Buffer, acc: Buffer, ty: Expr, tx: Expr
-             ) -> Stmt:
-    a_frag = Buffer("a_frag", (t.mr,), Scope.LOCAL)
-    b_frag = Buffer("b_frag", (t.nr,), Scope.LOCAL)
+def _compute(t: GemmTiles, p: GemmProblem, a_sh: Buffer, b_sh: Buffer, acc: Buffer, ty: Expr,
+             tx: Expr) -> Stmt:
+    a_frag = Buffer("a_frag", (t.mr,), Scope.LOCAL, p.dtype)
+    b_frag = Buffer("b_frag", (t.nr,), Scope.LOCAL, p.dtype)
     kk, kk_loop = loop("k_i", t.bk, LoopKind.UNROLL if t.unroll_k else LoopKind.SERIAL)
     i, i_loop = loop("i", t.mr, LoopKind.UNROLL)
     j, j_loop = loop("j", t.nr, LoopKind.UNROLL)
     return Allocate(a_frag, (Allocate(b_frag, (kk_loop(
         _fragment(a_frag, a_sh, kk, ty, t.ty, t.mr, t.vm, "a"),
         _fragment(b_frag, b_sh, kk, tx, t.tx, t.nr, t.vn, "b"),
-        i_loop(j_loop(store(acc[i, j], a_frag[i] * b_frag[j] + acc[i, j]))),
+        i_loop(j_loop(store(acc[i, j], p.madd(acc[i, j], a_frag[i], b_frag[j])))),
     ),)),))
 
 

@@ -50,7 +50,7 @@ from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.choose import LANES
-from schedule_templates.templates.x86_dense_int8 import (
+from schedule_templates.templates.requantize import (
     OUT_DTYPES,
     compensation,
     requantized,

@@ -29,22 +29,24 @@ import numpy as np
 
 from schedule_templates.ir.nodes import (
     Buffer,
-    Const,
     Expr,
     Kernel,
-    Load,
     Scope,
     Stmt,
     cast,
-    fmax,
-    fmin,
-    intrinsic,
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
+from schedule_templates.templates.requantize import (
+    OUT_DTYPES,
+    AddBuffers,
+    compensation,
+    pad_to,
+    requantized,
+)
 from schedule_templates.templates.x86_dot_gemm import (
     VNNI,
     DotInstruction,
@@ -60,9 +62,6 @@ from schedule_templates.templates.x86_dot_gemm import (
 )
 from schedule_templates.templates.x86_int8_stages import copy_rows, word_rows
 from schedule_templates.workloads import DenseInt8, Workload
-from schedule_templates.workloads.lowp import QUANT_RANGES
-
-OUT_DTYPES = {"u8": "uint8", "s8": "int8", "f32": "float32"}
 
 
 @register
@@ -103,7 +102,7 @@ class DenseInt8X86(Template):
         compensation = Buffer("compensation", (n_pad,), dtype="int32")
         scale = Buffer("scale", (n_pad,) if wl.scale == "channel" else (1,))
         zero_point = Buffer("out_zero_point", (1,), dtype="int32")
-        added = _AddBuffers(n_pad) if wl.add != "none" else None
+        added = AddBuffers(n_pad) if wl.add != "none" else None
         out = Buffer("out", (wl.M, wl.N), dtype=OUT_DTYPES[wl.add if added else wl.out])
         tiles = out if n_pad == wl.N else Buffer("out_padded", (wl.M, n_pad), Scope.WORKSPACE,
                                                   out.dtype)
@@ -143,68 +142,20 @@ class DenseInt8X86(Template):
             # activations are only reinterpreted (the same bytes as words), not transformed
             "data": as_words(data) if _reads_data_in_place(wl, inst) else data,
             "weight_packed": pack_int8_panels(weight, n_pad, nr, inst),
-            "compensation": _pad(compensation(wl.bias, inputs, weight, data_zp), n_pad),
-            "scale": _pad(scale, n_pad) if wl.scale == "channel" else scale,
+            "compensation": pad_to(compensation(wl.bias, inputs, weight, data_zp), n_pad),
+            "scale": pad_to(scale, n_pad) if wl.scale == "channel" else scale,
         }
         if wl.out != "f32":
             zp_type = np.uint8 if wl.out == "u8" else np.int8
             args["out_zero_point"] = typed(inputs, "out_zero_point", zp_type).astype(np.int32)
         if wl.add != "none":
-            args.update(_AddBuffers.pack(inputs, n_pad))
+            args.update(AddBuffers.pack(inputs, n_pad))
         return args
-
-
-class _AddBuffers:
-    """The fused addition's arguments: the constant negated (``x - (-c)``: the code generator
-    contracts ``p * q + r`` into an FMA, which rounds once where the glue kernel rounds twice;
-    negating is exact), [input scale, output scale] and [input zero point, output zero point]."""
-
-    def __init__(self, columns: int) -> None:
-        self.negated = Buffer("add_negated", (columns,))
-        self.scales = Buffer("add_scale", (2,))
-        self.zero_points = Buffer("add_zero_point", (2,), dtype="int32")
-        self.params = (self.negated, self.scales, self.zero_points)
-
-    def expr(self, q: Expr, n: Expr, out: str) -> Expr:
-        """The 8-bit ``q`` dequantized, plus the constant, quantized to ``out``: the glue's
-        ``(float(q) - zp) * scale``, then ``sum / scale_out`` clamped to the range less the
-        zero point, rounded half to even, plus the zero point."""
-        x = (cast("float32", q) - cast("float32", self.zero_points[0])) * self.scales[0]
-        value = x - self.negated[n]
-        lo, hi = QUANT_RANGES[out]
-        zp = cast("float32", self.zero_points[1])
-        scaled = value / self.scales[1]
-        clamped = fmin(fmax(scaled, Const(float(lo), "float32") - zp),
-                       Const(float(hi), "float32") - zp)
-        return cast(OUT_DTYPES[out], cast("int32", intrinsic("roundeven", clamped))
-                    + self.zero_points[1])
-
-    @staticmethod
-    def pack(inputs: Mapping[str, np.ndarray], columns: int) -> dict[str, np.ndarray]:
-        value = np.asarray(inputs["add_value"], dtype=np.float32).reshape(-1)
-        return {"add_negated": _pad(-value, columns),
-                "add_scale": np.asarray(inputs["add_scale"], np.float32).reshape(2),
-                "add_zero_point": np.asarray(inputs["add_zero_point"]).astype(np.int32
-                                                                              ).reshape(2)}
 
 
 def _reads_data_in_place(wl: DenseInt8, inst: DotInstruction) -> bool:
     """VNNI reads rows of whole 4-byte words as they are; anything else is repacked."""
     return inst is VNNI and wl.K % inst.group == 0
-
-
-def requantized(acc: Expr, scale: Expr, zero_point: Load, out: str) -> Expr:
-    """The output stage: int32 ``acc`` scaled in fp32, then (u8/s8 out) clamped to the range
-    less the zero point, rounded half to even, shifted by the zero point and narrowed."""
-    value = cast("float32", acc) * scale
-    if out == "f32":
-        return value
-    lo, hi = QUANT_RANGES[out]
-    zp = cast("float32", zero_point)
-    clamped = fmin(fmax(value, Const(float(lo), "float32") - zp),
-                   Const(float(hi), "float32") - zp)
-    q = cast("int32", intrinsic("roundeven", clamped)) + zero_point
-    return cast(OUT_DTYPES[out], q)
 
 
 def pack_int8_panels(weight: np.ndarray, columns: int, nr: int, inst: DotInstruction
@@ -218,20 +169,3 @@ def pack_int8_panels(weight: np.ndarray, columns: int, nr: int, inst: DotInstruc
     values[:n, :k] = weight
     words = as_words(pack_panels(values, nr, inst.per_word))
     return words.reshape(columns // nr, k_pad // inst.per_word, nr)
-
-
-def compensation(bias: str, inputs: Mapping[str, np.ndarray], weight: np.ndarray,
-                 data_zp: int) -> np.ndarray:
-    """What each output channel adds to its raw-byte accumulator: ``-zp * sum(w)`` over its
-    weights (any shape, channel first), plus the int32 bias when there is one."""
-    total = -data_zp * weight.reshape(weight.shape[0], -1).sum(axis=1, dtype=np.int64)
-    if bias == "s32":
-        total = total + typed(inputs, "bias", np.int32).astype(np.int64)
-    return total.astype(np.int32)
-
-
-def _pad(values: np.ndarray, size: int) -> np.ndarray:
-    """``values`` (1-D) extended with zeros to ``size``."""
-    padded = np.zeros(size, dtype=values.dtype)
-    padded[:values.size] = values
-    return padded

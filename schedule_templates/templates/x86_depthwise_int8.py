@@ -28,7 +28,7 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.space import Config, ConfigSpace, SplitKnob
 from schedule_templates.templates.choose import LANES
-from schedule_templates.templates.x86_dense_int8 import OUT_DTYPES, requantized
+from schedule_templates.templates.requantize import OUT_DTYPES, requantized
 from schedule_templates.templates.x86_int8_stages import copy_rows
 from schedule_templates.workloads import Conv2dInt8
 

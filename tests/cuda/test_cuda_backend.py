@@ -104,10 +104,12 @@ class FakeGpu:
         drv.Context = Context
         drv.Event = Event
         drv.device_attribute = types.SimpleNamespace(**{k: k for k in gpu.attributes})
-        drv.to_device = lambda array: Allocation(np.array(array, dtype=np.float32))
-        drv.mem_alloc = lambda nbytes: Allocation(np.empty(nbytes // 4, dtype=np.float32))
-        drv.memset_d32 = lambda alloc, value, count: gpu.memory[int(alloc)].fill(value)
-        drv.memcpy_dtoh = lambda host, alloc: np.copyto(host, gpu.memory[int(alloc)][: host.size])
+        # device memory keeps the bytes it was given (pycuda copies an array as it is)
+        drv.to_device = lambda array: Allocation(np.array(array))
+        drv.mem_alloc = lambda nbytes: Allocation(np.empty(nbytes, dtype=np.uint8))
+        drv.memset_d8 = lambda alloc, value, count: gpu.memory[int(alloc)][:count].fill(value)
+        drv.memcpy_dtoh = lambda host, alloc: np.copyto(
+            host, gpu.memory[int(alloc)].view(host.dtype)[: host.size])
 
         compiler = types.ModuleType("pycuda.compiler")
 
@@ -210,7 +212,11 @@ def test_measures_verifies_and_times_with_events(gpu: FakeGpu):
 @pytest.mark.parametrize("key", ["conv2d:N=1,C=3,H=8,W=8,K=8,R=3,S=3,pad=1",
                                  "depthwise_conv2d:N=1,C=4,H=9,W=9,R=3,S=3,stride=2,pad=1",
                                  "group_conv2d:N=1,C=8,H=7,W=9,K=12,R=3,S=3,stride=2,pad=1,"
-                                 "groups=4,epilogue=scale+bias+residual+relu"])
+                                 "groups=4,epilogue=scale+bias+residual+relu",
+                                 "dense_int8:M=7,N=33,K=13,bias=s32,add=u8",
+                                 "dense_int8:M=9,N=16,K=24,out=f32",
+                                 "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,"
+                                 "pad=0x1x1x0,groups=4,out=s8"])
 def test_other_templates_through_the_backend(gpu: FakeGpu, key: str):
     task = make_task(key=key)
     gpu.executor = host_executor(task)
@@ -285,7 +291,12 @@ def _real_gpu() -> str | None:
                                  "depthwise_conv2d:N=1,C=8,H=14,W=14,R=3,S=3,pad=1",
                                  "group_conv2d:N=1,C=64,H=15,W=15,K=64,R=3,S=3,stride=2,"
                                  "pad=1,groups=8,epilogue=bias+relu",
-                                 "batch_matmul:B=2,M=33,N=40,K=17"])
+                                 "batch_matmul:B=2,M=33,N=40,K=17",
+                                 "dense_int8:M=33,N=40,K=68,bias=s32",
+                                 "dense_int8:M=5,N=20,K=13,out=s8,scale=tensor,add=s8",
+                                 "conv2d_int8:N=1,C=16,H=14,W=14,K=32,R=3,S=3,pad=1",
+                                 "conv2d_int8:N=2,C=12,H=9,W=9,K=12,R=3,S=3,stride=2,pad=1,"
+                                 "groups=3,out=f32"])
 def test_real_gpu_matches_numpy(key: str):
     from workers.backends.cuda import gpu_facts, target_for
 

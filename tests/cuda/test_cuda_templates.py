@@ -11,7 +11,7 @@ from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import CompiledKernel
 from schedule_templates.errors import InvalidConfigError
 from schedule_templates.ir.gpu import serialize_for_host
-from schedule_templates.runtime import lower
+from schedule_templates.runtime import NUMPY_DTYPES, lower
 from schedule_templates.templates.base import all_templates, get_template
 from schedule_templates.templates.cuda_tiling import DeviceLimits, GemmTiles
 from schedule_templates.workloads import parse_workload, workload_class
@@ -89,9 +89,11 @@ def run_on_host(key, index=None, seed=3):
     kernel = serialize_for_host(lower(workload, template, config))
     inputs = workload.make_inputs(seed)
     packed = template.pack(workload, config, inputs)
-    arrays = [np.ascontiguousarray(packed[b.name], dtype=np.float32).reshape(-1)
+    arrays = [np.ascontiguousarray(packed[b.name], dtype=NUMPY_DTYPES[b.dtype]).reshape(-1)
               for b in kernel.params[:-1]]
-    out = np.full(kernel.output.size, np.nan, dtype=np.float32)
+    out = np.zeros(kernel.output.size, dtype=NUMPY_DTYPES[kernel.output.dtype])
+    if out.dtype == np.float32:
+        out[:] = np.nan  # an output the kernel never writes fails the comparison
     compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, len(arrays) + 1)
     try:
         compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in [*arrays, out]], 1)

@@ -81,3 +81,13 @@ def test_compare_output_scales_the_tolerance_with_the_reduction() -> None:
     nan[0, 0] = np.nan
     assert "not finite" in (compare_output(Kernel(nan, ref)) or "")
     assert "shape" in (compare_output(Kernel(ref.reshape(16), ref)) or "")
+
+
+def test_compare_output_of_int8_saturated_values() -> None:
+    """np.abs(int8 -128) is -128: taken in int8, the tolerance went negative and a correct
+    saturated output was called wrong (found by the CUDA int8 templates)."""
+    ref = np.array([-128, 127, 0, -5], dtype=np.int8)
+    assert compare_output(Kernel(ref.copy(), ref)) is None
+    wrong = ref.copy()
+    wrong[1] = 126
+    assert "1 of 4" in (compare_output(Kernel(wrong, ref)) or "")

@@ -20,6 +20,7 @@ from schedule_templates.codegen.cuda_c import CudaKernel, generate_cuda
 from schedule_templates.errors import DeviceCompileError, InvalidConfigError
 from schedule_templates.protocol import ClaimItem, Decoded, Target
 from schedule_templates.records import MeasureOptions
+from schedule_templates.runtime import NUMPY_DTYPES
 from schedule_templates.space import ConfigSpace
 from workers.backends.base import (
     Backend,
@@ -98,6 +99,7 @@ class _CudaKernel:
     allocations: list[Any]
     output_index: int
     output_shape: tuple[int, ...]
+    output_dtype: type[np.generic]
     operands: Operands
     reduction_length: int
 
@@ -111,7 +113,7 @@ class _CudaKernel:
 
     @property
     def output(self) -> np.ndarray:
-        host = np.empty(math.prod(self.output_shape), dtype=np.float32)
+        host = np.empty(math.prod(self.output_shape), dtype=self.output_dtype)
         self.drv.memcpy_dtoh(host, self.allocations[self.output_index])
         return host.reshape(self.output_shape)
 
@@ -171,15 +173,17 @@ class CudaBackend(Backend):
         allocations: list[Any] = []
         try:
             for buf in kernel.params[:-1]:
-                array = np.ascontiguousarray(packed[buf.name], dtype=np.float32).reshape(-1)
+                array = np.ascontiguousarray(packed[buf.name], dtype=NUMPY_DTYPES[buf.dtype]
+                                             ).reshape(-1)
                 if array.size != buf.size:
                     raise InvalidConfigError(
                         f"argument {buf.name} has {array.size} elements, kernel expects "
                         f"{buf.size}")
                 allocations.append(self._drv.to_device(_padded(array, buf.slack)))
             for buf in (kernel.output, *kernel.workspace):
-                allocation = self._drv.mem_alloc(4 * (buf.size + buf.slack))
-                self._drv.memset_d32(allocation, 0, buf.size + buf.slack)
+                size = np.dtype(NUMPY_DTYPES[buf.dtype]).itemsize * (buf.size + buf.slack)
+                allocation = self._drv.mem_alloc(size)
+                self._drv.memset_d8(allocation, 0, size)
                 allocations.append(allocation)
         except BaseException:
             for allocation in allocations:
@@ -188,7 +192,8 @@ class CudaBackend(Backend):
         function = module.get_function(cuda.name)
         function.prepare("P" * len(allocations))
         return _CudaKernel(self._drv, module, function, cuda, allocations,
-                           len(kernel.params) - 1, resolved.workload.output_shape(), operands,
+                           len(kernel.params) - 1, resolved.workload.output_shape(),
+                           NUMPY_DTYPES[kernel.output.dtype], operands,
                            reduction_length(resolved.workload))
 
     def run(self, kernel: BoundKernel, options: MeasureOptions) -> tuple[float, ...]:
@@ -243,4 +248,4 @@ class CudaBackend(Backend):
 
 
 def _padded(array: np.ndarray, slack: int) -> np.ndarray:
-    return np.concatenate([array, np.zeros(slack, np.float32)]) if slack else array
+    return np.concatenate([array, np.zeros(slack, array.dtype)]) if slack else array
