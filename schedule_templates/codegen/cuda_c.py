@@ -53,6 +53,7 @@ from schedule_templates.ir.nodes import (
     Stmt,
     Store,
     Var,
+    WarpMma,
 )
 from schedule_templates.ir.visitor import ExprFunctor, StmtFunctor
 
@@ -193,6 +194,24 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
 
     def visit_barrier(self, s: Barrier) -> None:
         self._emit("__syncthreads();")
+
+    def visit_warp_mma(self, s: WarpMma) -> None:
+        """The lane's fragments straight from shared memory (PTX's layout for m16n8k32: A words
+        ``pair`` and ``pair + 4`` of rows ``group`` and ``group + 8``, B words ``pair`` and
+        ``pair + 4`` of column ``group``), then the instruction on its four accumulators."""
+        group, pair = s.lane // 4, s.lane % 4
+        row, word = s.a.indices
+        col, b_word = s.b.indices
+        a = [Load(s.a.buffer, (row + group + 8 * (i % 2), word + pair + 4 * (i // 2)))
+             for i in range(4)]
+        b = [Load(s.b.buffer, (col + group, b_word + pair + 4 * i)) for i in range(2)]
+        accs = [self._expr(s.accumulator(i)) for i in range(4)]
+        operands = ", ".join([*(f'"+r"({acc})' for acc in accs)])
+        inputs = ", ".join(f'"r"({self._expr(x)})' for x in (*a, *b))
+        self._emit('asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 '
+                   '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"')
+        self._emit(f"    : {operands}")
+        self._emit(f"    : {inputs});")
 
     def _block(self, body: tuple[Stmt, ...]) -> None:
         self.depth += 1

@@ -33,6 +33,7 @@ from schedule_templates.ir.nodes import (
     Stmt,
     Store,
     Var,
+    WarpMma,
 )
 from schedule_templates.ir.visitor import StmtMutator, StmtVisitor
 
@@ -138,6 +139,11 @@ class _Serializer(StmtMutator):
                       buf.slack)
         self.private[buf] = wide
         return Allocate(wide, self.visit_body(s.body))
+
+    def visit_warp_mma(self, s: WarpMma) -> Stmt:
+        """A warp-wide instruction has no serial meaning: each lane's share of it, from the
+        shared-memory tiles, is what the lane computes in turn."""
+        return self.visit_stmt(s.expand())
 
     def visit_store(self, s: Store) -> Stmt:
         if s.buffer not in self.private:

@@ -37,6 +37,7 @@ from schedule_templates.ir.nodes import (
     Stmt,
     Store,
     Var,
+    WarpMma,
     binop,
 )
 
@@ -51,8 +52,11 @@ EXPR_METHODS: dict[type[Expr], str] = {
 }
 STMT_METHODS: dict[type[Stmt], str] = {
     Store: "visit_store", Loop: "visit_loop", Allocate: "visit_allocate",
-    IfThen: "visit_ifthen", Barrier: "visit_barrier",
+    IfThen: "visit_ifthen", Barrier: "visit_barrier", WarpMma: "visit_warp_mma",
 }
+#: statements a pass that does not override them handles through their ``expand()`` form
+#: (the same arithmetic in ordinary nodes), not through ``default_stmt``
+_EXPANDED = {"visit_warp_mma"}
 
 
 class UnknownNodeError(ScheduleError, TypeError):
@@ -65,7 +69,8 @@ def _table(cls: type, methods: dict[Any, str], root: type, default: str) -> dict
     table = {}
     for node, name in methods.items():
         method = getattr(cls, name)
-        table[node] = getattr(cls, default) if method is getattr(root, name) else method
+        inherited = method is getattr(root, name) and name not in _EXPANDED
+        table[node] = getattr(cls, default) if inherited else method
     return table
 
 
@@ -156,6 +161,9 @@ class StmtFunctor(Generic[R]):
 
     def visit_barrier(self, s: Barrier) -> R:
         return self.default_stmt(s)
+
+    def visit_warp_mma(self, s: WarpMma) -> R:
+        return self.visit_stmt(s.expand())
 
 
 class ExprVisitor(ExprFunctor[None]):
@@ -284,6 +292,15 @@ class StmtMutator(StmtFunctor[Stmt], ExprMutator):
 
     def visit_barrier(self, s: Barrier) -> Stmt:
         return s
+
+    def visit_warp_mma(self, s: WarpMma) -> Stmt:
+        acc, a, b, lane = (self.visit_expr(e) for e in (s.acc, s.a, s.b, s.lane))
+        unchanged = acc is s.acc and a is s.a and b is s.b and lane is s.lane
+        if unchanged:
+            return s
+        if not (isinstance(acc, Load) and isinstance(a, Load) and isinstance(b, Load)):
+            return self.visit_stmt(s.expand())  # a pass replaced a buffer access by a value
+        return WarpMma(acc, a, b, lane)
 
 
 ExprFunctor._expr_table = _table(ExprFunctor, EXPR_METHODS, ExprFunctor, "default_expr")

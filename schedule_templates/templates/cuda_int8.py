@@ -1,5 +1,6 @@
-"""CUDA templates for ``dense_int8`` and ``conv2d_int8``: the tiled GEMM of ``cuda_tiling`` on
-words of four bytes, each step of the reduction one ``dp4a`` (PTX ``dp4a.u32.s32``: four
+"""CUDA templates for ``dense_int8`` and ``conv2d_int8`` on words of four bytes: dense on the
+tensor cores (``cuda_mma``: warp-wide ``mma.sync.m16n8k32``, u8 x s8 -> s32), conv2d on the tiled
+SIMT GEMM of ``cuda_tiling``, each step of its reduction one ``dp4a`` (PTX ``dp4a.u32.s32``: four
 products of unsigned activation bytes with signed weight bytes, added to an int32 accumulator).
 
 The reduction runs over words: ``K`` bytes are ``ceil(K / 4)`` words, the weights packed at
@@ -36,6 +37,13 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, as_workload, register
+from schedule_templates.templates.cuda_mma import (
+    MmaOperand,
+    MmaTiles,
+    mma_default,
+    mma_nest,
+    mma_space,
+)
 from schedule_templates.templates.cuda_tiling import (
     GemmProblem,
     GemmTiles,
@@ -114,16 +122,16 @@ class DenseInt8Cuda(Template):
     name = "dense_int8.cuda"
     op = "dense_int8"
     target_kind = "cuda"
-    version = 1
+    version = 2  # 1 was the dp4a SIMT GEMM (docs/cuda.md has its figures)
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = as_workload(workload, DenseInt8)
-        return gemm_space(1, wl.M, wl.N, ceil_div(wl.K, BYTES_PER_WORD), device)
+        return mma_space(wl.M, wl.N, ceil_div(wl.K, BYTES_PER_WORD), device)
 
     def default_config(self, workload: Workload) -> Config:
         wl = as_workload(workload, DenseInt8)
-        return small_grid_default(self.space(wl), wl.M, wl.N)
+        return mma_default(self.space(wl), wl.M, wl.N)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = as_workload(workload, DenseInt8)
@@ -131,23 +139,17 @@ class DenseInt8Cuda(Template):
         data: Buffer
         if _in_place(wl):
             data = Buffer("data", (wl.M, words), dtype="int32")  # the row's bytes as words
-            left = Operand(wl.M, "k", vector_width(words), lambda _b, m, w: data[m, w])
+            left = MmaOperand(wl.M, vector_width(words), lambda m, w: data[m, w])
         else:
             data = Buffer("data", (wl.M, wl.K), dtype="uint8")
-            left = Operand(wl.M, "k", 1, lambda _b, m, w: gathered_word(
+            left = MmaOperand(wl.M, 1, lambda m, w: gathered_word(
                 lambda k: cast("int32", data[m, binop("min", k, wl.K - 1)]), w))
         weight = Buffer("weight_words", (wl.N, words), dtype="int32")
         stage = _Requantize(wl.N, wl.scale, wl.out, wl.add)
         out = Buffer("out", (wl.M, wl.N), dtype=stage.dtype)
-        problem = GemmProblem(
-            1, wl.M, wl.N, words,
-            a=left,
-            b=Operand(wl.N, "k", vector_width(words), lambda _b, n, w: weight[n, w]),
-            out=lambda _b, m, n: out[m, n],
-            finish=lambda acc, _b, _m, n: stage.apply(acc, n, n),
-            dtype="int32", madd=dp4a,
-        )
-        body = gemm_nest(GemmTiles.of(config), problem)
+        body = mma_nest(MmaTiles.of(config), wl.M, wl.N, words, left,
+                        MmaOperand(wl.N, vector_width(words), lambda n, w: weight[n, w]),
+                        lambda m, n: out[m, n], lambda acc, _m, n: stage.apply(acc, n, n))
         return Kernel("dense_int8_cuda", (data, weight, *stage.params, out), (), (body,))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
