@@ -23,6 +23,7 @@ from schedule_templates.ir.nodes import (
     Scope,
     Select,
     Var,
+    WarpMma,
     binop,
     fmax,
     loop,
@@ -198,3 +199,68 @@ def test_hand_built_kernels_compile(nvcc_compile):
     sources = [(f"k{i}", generate_cuda(k, name=f"k{i}").source) for i, k in enumerate(kernels)]
     sources.append(("vec", vector_copy(64, 0, 4)))
     nvcc_compile(sources)
+
+
+def mma_kernel(k_words: int = 16) -> Kernel:
+    """One warp multiplies a 16 x (4*k_words) u8 tile by a (4*k_words) x 8 s8 tile on the
+    tensor cores: both tiles staged in shared memory, each lane stores its 4 accumulators."""
+    a = Buffer("a", (16, k_words), dtype="int32")
+    b = Buffer("b", (8, k_words), dtype="int32")
+    out = Buffer("out", (16, 8), dtype="int32")
+    a_sh = Buffer("a_sh", (16, k_words), Scope.SHARED, "int32")
+    b_sh = Buffer("b_sh", (8, k_words), Scope.SHARED, "int32")
+    acc = Buffer("acc", (4,), Scope.LOCAL, "int32")
+
+    def lanes(body):
+        lane, lane_loop = loop("lane", 32, LoopKind.THREAD_X)
+        return lane_loop(*body(lane))
+
+    def copy(lane):
+        w, w_loop = loop("w", k_words, LoopKind.SERIAL)
+        return [IfThen(lane < 16, (w_loop(store(a_sh[lane, w], a[lane, w])),)),
+                IfThen(lane < 8, (w_loop(store(b_sh[lane, w], b[lane, w])),))]
+
+    def compute(lane):
+        i, i_loop = loop("i", 4, LoopKind.UNROLL)
+        steps = [WarpMma(acc[0], a_sh[0, 8 * s], b_sh[0, 8 * s], lane)
+                 for s in range(k_words // 8)]
+        group, pair = lane // 4, lane % 4
+        return [i_loop(store(acc[i], Const(0, "int32"))), *steps,
+                i_loop(store(out[group + (i // 2) * 8, pair * 2 + i % 2], acc[i]))]
+
+    body = Allocate(a_sh, (Allocate(b_sh, (Allocate(acc, (
+        lanes(copy), Barrier(), lanes(compute))),)),))
+    return Kernel("mma", (a, b, out), (), (body,))
+
+
+def test_warp_mma_emits_the_instruction_and_expands_on_the_host(nvcc_compile):
+    kernel = mma_kernel()
+    source = generate_cuda(kernel).source
+    assert source.count("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32") == 2
+    assert "tuner_dp4a_us" not in source
+    nvcc_compile([("mma", source)])
+    assert "mma" in format_kernel(kernel)  # the printer shows the expansion
+    # the host form: every lane's share, in dp4a over the shared tiles, equals the product
+    host = serialize_for_host(kernel)
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (16, 64), dtype=np.uint8)
+    b = rng.integers(-128, 128, (8, 64), dtype=np.int8)
+    out = np.zeros((16, 8), np.int32)
+    compiled = CompiledKernel(generate_llvm_ir(host), host.name, 3)
+    try:
+        args = [np.ascontiguousarray(a).view(np.int32), np.ascontiguousarray(b).view(np.int32),
+                out]
+        compiled.function(*[ctypes.c_void_p(x.ctypes.data) for x in args], 1)
+    finally:
+        compiled.close()
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64).T)
+
+
+def test_mutators_keep_warp_mma_and_functors_see_its_expansion():
+    from schedule_templates.ir.analysis import stored_buffers
+    from schedule_templates.ir.visitor import StmtMutator
+
+    kernel = mma_kernel(8)
+    assert StmtMutator().visit_body(kernel.body) is kernel.body  # nothing to change
+    # the accumulators the instruction writes count as stored (from its expansion)
+    assert {b.name for b in stored_buffers(kernel.body)} >= {"acc", "out"}
