@@ -54,6 +54,11 @@ HOST = {
 # any other CUDA template (a new one) is checked on the examples of its workload class, plus
 # big shapes where this file lists some
 BIG = {
+    "dense_int8": ["dense_int8:M=4096,N=4096,K=4096", "dense_int8:M=1,N=1000,K=2048,out=f32"],
+    "conv2d_int8": [
+        "conv2d_int8:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1",
+        "conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3,bias=s32",
+        "conv2d_int8:N=1,C=96,H=56,W=56,K=96,R=3,S=3,pad=1,groups=96"],
     "group_conv2d": ["group_conv2d:N=1,C=512,H=14,W=14,K=512,R=3,S=3,pad=1,groups=32",
                      "group_conv2d:N=1,C=224,H=56,W=56,K=224,R=3,S=3,stride=2,pad=1,groups=28"],
 }
