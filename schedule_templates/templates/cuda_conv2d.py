@@ -13,7 +13,7 @@ loads too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from schedule_templates.ir.nodes import (
     Buffer,
@@ -39,6 +39,8 @@ from schedule_templates.templates.cuda_tiling import (
 from schedule_templates.templates.epilogue import epilogue_stage
 from schedule_templates.workloads import Conv2d, Workload
 from schedule_templates.workloads.conv import _Window
+
+ZERO = Const(0.0, "float32")
 
 
 def _gemm_shape(wl: Conv2d) -> tuple[int, int, int]:
@@ -103,9 +105,12 @@ class Conv2dCuda(Template):
         return Kernel("conv2d_cuda", (data, weight, *stage.buffers, out), (), (body,))
 
 
-def im2col(wl: _Window, data: Buffer, p: Expr, crs: Expr, channel0: ExprLike = 0) -> Expr:
-    """Activation feeding output pixel ``p`` through reduction index ``crs`` (0 in padding);
-    ``channel0`` is the first input channel the reduction covers (a group's first)."""
+def im2col(wl: _Window, data: Buffer, p: Expr, crs: Expr, channel0: ExprLike = 0,
+           convert: Callable[[Expr], Expr] = lambda value: value,
+           padding: Expr = ZERO) -> Expr:
+    """Activation feeding output pixel ``p`` through reduction index ``crs``, passed through
+    ``convert``, and ``padding`` in the padding; ``channel0`` is the first input channel the
+    reduction covers (a group's first)."""
     pixels = wl.out_h * wl.out_w
     n, q = (Const(0), p) if wl.N == 1 else (p // pixels, p % pixels)
     oh, ow = q // wl.out_w, q % wl.out_w
@@ -115,8 +120,8 @@ def im2col(wl: _Window, data: Buffer, p: Expr, crs: Expr, channel0: ExprLike = 0
     h = oh * wl.stride[0] + r * wl.dilation[0] - top
     w = ow * wl.stride[1] + s * wl.dilation[1] - left
     if not any(wl.pad):
-        return data[n, c, h, w]
+        return convert(data[n, c, h, w])
     inside = binop("and", binop("and", h >= 0, h < wl.H), binop("and", w >= 0, w < wl.W))
     clamped_h = binop("min", binop("max", h, 0), wl.H - 1)
     clamped_w = binop("min", binop("max", w, 0), wl.W - 1)
-    return Select(inside, data[n, c, clamped_h, clamped_w], Const(0.0, "float32"))
+    return Select(inside, convert(data[n, c, clamped_h, clamped_w]), padding)

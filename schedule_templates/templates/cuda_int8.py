@@ -30,13 +30,13 @@ from schedule_templates.ir.nodes import (
     Expr,
     Kernel,
     Load,
-    Select,
     binop,
     cast,
     intrinsic,
 )
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, as_workload, register
+from schedule_templates.templates.cuda_conv2d import im2col
 from schedule_templates.templates.cuda_mma import (
     MmaOperand,
     MmaTiles,
@@ -208,19 +208,8 @@ class Conv2dInt8Cuda(Template):
             """Reduction element ``crs`` of output pixel ``p`` in group ``g``, as int32."""
             taps = wl.group_in * wl.R * wl.S
             crs = binop("min", crs, taps - 1) if taps % BYTES_PER_WORD else crs
-            n, q = pixel(p)
-            oh, ow = q // wl.out_w, q % wl.out_w
-            c = g * wl.group_in + crs // (wl.R * wl.S)
-            r, s = (crs % (wl.R * wl.S)) // wl.S, crs % wl.S
-            h = oh * wl.stride[0] + r * wl.dilation[0] - wl.pad[0]
-            w = ow * wl.stride[1] + s * wl.dilation[1] - wl.pad[1]
-            if not any(wl.pad):
-                return cast("int32", data[n, c, h, w])
-            inside = binop("and", binop("and", h >= 0, h < wl.H),
-                           binop("and", w >= 0, w < wl.W))
-            clamped_h = binop("min", binop("max", h, 0), wl.H - 1)
-            clamped_w = binop("min", binop("max", w, 0), wl.W - 1)
-            return Select(inside, cast("int32", data[n, c, clamped_h, clamped_w]), data_zp[0])
+            return im2col(wl, data, p, crs, g * wl.group_in,
+                          lambda byte: cast("int32", byte), data_zp[0])
 
         def channel(g: Expr, m: Expr) -> Expr:
             return m if wl.groups == 1 else g * rows + m
