@@ -53,9 +53,9 @@ from schedule_templates.ir.nodes import (
     Stmt,
     Store,
     Var,
-    WarpMma,
 )
 from schedule_templates.ir.visitor import ExprFunctor, StmtFunctor
+from schedule_templates.ir.warp import WarpMma
 
 #: C precedence (higher binds tighter)
 _PRECEDENCE = {"and": 1, "==": 2, "!=": 2, "<": 3, "<=": 3, ">=": 3, ">": 3,

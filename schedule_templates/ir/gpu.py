@@ -33,9 +33,9 @@ from schedule_templates.ir.nodes import (
     Stmt,
     Store,
     Var,
-    WarpMma,
 )
 from schedule_templates.ir.visitor import StmtMutator, StmtVisitor
+from schedule_templates.ir.warp import WarpMma
 
 BLOCK_KINDS = (LoopKind.BLOCK_X, LoopKind.BLOCK_Y, LoopKind.BLOCK_Z)
 THREAD_KINDS = (LoopKind.THREAD_X, LoopKind.THREAD_Y, LoopKind.THREAD_Z)

@@ -37,9 +37,9 @@ from schedule_templates.ir.nodes import (
     Stmt,
     Store,
     Var,
-    WarpMma,
     binop,
 )
+from schedule_templates.ir.warp import WarpMma
 
 R = TypeVar("R")
 _Method = Callable[[Any, Any], Any]

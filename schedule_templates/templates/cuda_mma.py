@@ -21,9 +21,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from schedule_templates.ir.nodes import (
-    MMA_COLS,
-    MMA_ROWS,
-    MMA_WORDS,
     Allocate,
     Barrier,
     Buffer,
@@ -35,11 +32,11 @@ from schedule_templates.ir.nodes import (
     Scope,
     Select,
     Stmt,
-    WarpMma,
     binop,
     loop,
     store,
 )
+from schedule_templates.ir.warp import MMA_COLS, MMA_ROWS, MMA_WORDS, WarpMma
 from schedule_templates.space import ChoiceKnob, Config, ConfigSpace
 from schedule_templates.templates.cuda_tiling import (
     MAX_GRID_YZ,

@@ -23,13 +23,13 @@ from schedule_templates.ir.nodes import (
     Scope,
     Select,
     Var,
-    WarpMma,
     binop,
     fmax,
     loop,
     store,
 )
 from schedule_templates.ir.printer import format_kernel
+from schedule_templates.ir.warp import WarpMma
 
 F0 = Const(0.0, "float32")
 
