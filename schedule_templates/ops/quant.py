@@ -5,12 +5,14 @@ and ``Dequantize`` for a lone ``QuantizeLinear`` / ``DequantizeLinear`` with a p
 softmax, layer norm, pooling).
 
 The model compiler rewrites ``DequantizeLinear(a) +|* DequantizeLinear(b) [-> Relu] ->
-QuantizeLinear`` into one node (``frontend/quantized_glue.py``); this is its kernel. It does
-the same fp32 operations in the same order as onnx's unfused evaluation, so its bytes equal
-``reference`` (and numpy's) exactly: each operand ``(float(x) - zero_point) * scale``, their
-sum (kept apart from the products: see ``lower``) or product, ``max(v, 0)`` for the Relu, then
-``sum / y_scale`` clamped to the output type's range less the zero point, rounded half to
-even, plus the zero point.
+QuantizeLinear`` into one node (``frontend/quantized_glue.py``); this is its kernel, and its
+bytes equal ``reference`` (and the runner's numpy step) exactly. The addition of two tensors of
+one shape without a Relu (a residual block's shortcut) is onnxruntime's own fused arithmetic
+(``quant_add.FusedAdd``: two FMAs on the raw bytes), what onnxruntime runs for that pattern.
+Everything else does the same fp32 operations in the same order as onnx's unfused evaluation:
+each operand ``(float(x) - zero_point) * scale``, their sum (kept apart from the products: see
+``lower``) or product, ``max(v, 0)`` for the Relu, then ``sum / y_scale`` clamped to the output
+type's range less the zero point, rounded half to even, plus the zero point.
 
 The operands are 8-bit (``uint8`` or ``int8``), of one shape (the model compiler leaves a
 broadcasting add to numpy); scales and zero points are per tensor and part of the operator, so
@@ -43,9 +45,7 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError, Shape, register_op
 from schedule_templates.ops.loops import BLOCK, kernel_name, vector_split, want_parallel
-
-#: the 8-bit element types and their ranges
-RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+from schedule_templates.ops.quant_add import RANGES, FusedAdd
 
 
 @register_op
@@ -98,16 +98,27 @@ class QuantizedBinary(GeneratedOp):
     def output_shape(self) -> Shape:
         return (self.size,)
 
+    @property
+    def fused_add(self) -> FusedAdd | None:
+        """onnxruntime's arithmetic, for the addition it fuses (same shapes, no Relu)."""
+        if self.operation != "add" or self.relu or self.broadcast:
+            return None
+        return FusedAdd.of(self.a_scale, self.a_zero_point, self.b_scale, self.b_zero_point,
+                           self.y_scale, self.y_zero_point)
+
     def lower(self) -> Kernel:
         shapes = self.input_shapes()
         a = Buffer("a", shapes["a"], dtype=self.a_dtype)
         b = Buffer("b", shapes["b"], dtype=self.b_dtype)
         out = Buffer("out", (self.size,), dtype=self.out_dtype)
+        fused = self.fused_add
 
         def element(index: Expr, within: Expr) -> Expr:
             """Output ``index``; ``within`` its position in the broadcast operand's period."""
             ia = within if self.broadcast == "a" else index
             ib = within if self.broadcast == "b" else index
+            if fused is not None:
+                return fused.expr(a[ia], b[ib], self.out_dtype)
             x = _dequantized(a[ia], self.a_zero_point, self.a_scale)
             if self.operation == "mul":
                 value = x * _dequantized(b[ib], self.b_zero_point, self.b_scale)
@@ -136,6 +147,10 @@ class QuantizedBinary(GeneratedOp):
         return Kernel(kernel_name(self.kind, self.key), (a, b, out), (), (body,))
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        fused = self.fused_add
+        if fused is not None:
+            return fused.numpy(np.asarray(inputs["a"]).reshape(-1),
+                               np.asarray(inputs["b"]).reshape(-1), self.out_dtype)
         a = _numpy_dequantized(inputs["a"], self.a_zero_point, self.a_scale)
         b = _numpy_dequantized(inputs["b"], self.b_zero_point, self.b_scale)
         rows = (-1, self.period if self.broadcast else self.size)

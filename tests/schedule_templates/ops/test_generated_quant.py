@@ -61,6 +61,52 @@ def test_quantized_add_rounds_like_numpy_not_like_an_fma():
         compiled.close()
 
 
+def _onnxruntime_qlinear_add(a, b, a_q, b_q, y_q):
+    """onnxruntime's com.microsoft QLinearAdd on a and b (one shape), ``*_q`` (scale, zp)."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    types = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
+    out_type = np.uint8 if y_q[1] >= 0 and a.dtype == np.uint8 else np.int8
+    inits = []
+    for name, (scale, zero), dtype in (("a", a_q, a.dtype), ("b", b_q, b.dtype),
+                                       ("y", y_q, np.dtype(out_type))):
+        inits.append(helper.make_tensor(f"{name}_s", TensorProto.FLOAT, [], [scale]))
+        inits.append(helper.make_tensor(f"{name}_z", types[dtype], [], [zero]))
+    node = helper.make_node("QLinearAdd", ["a", "a_s", "a_z", "b", "b_s", "b_z", "y_s", "y_z"],
+                            ["y"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [node], "qladd",
+        [helper.make_tensor_value_info("a", types[a.dtype], list(a.shape)),
+         helper.make_tensor_value_info("b", types[b.dtype], list(b.shape))],
+        [helper.make_tensor_value_info("y", types[np.dtype(out_type)], list(a.shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"a": a, "b": b})[0]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_quantized_add_is_onnxruntimes_own_qlinear_add(dtype):
+    """A shortcut addition gives onnxruntime's fused QLinearAdd bytes (its x86 arithmetic:
+    two FMAs on the raw values), generated kernel and numpy reference alike, on random
+    operands and scales."""
+    rng = np.random.default_rng(5)
+    size = 4099
+    for _ in range(40):
+        scales = rng.uniform(0.01, 0.1, 3).astype(np.float32)
+        lo, hi = RANGES[dtype]
+        zeros = [int(z) for z in rng.integers(lo, hi + 1, 3)]
+        op = QuantizedBinary(size, dtype, float(scales[0]), zeros[0], dtype, float(scales[1]),
+                             zeros[1], dtype, float(scales[2]), zeros[2])
+        inputs = {"a": _operand(rng, dtype, size), "b": _operand(rng, dtype, size)}
+        want = _onnxruntime_qlinear_add(inputs["a"], inputs["b"], (scales[0], zeros[0]),
+                                        (scales[1], zeros[1]), (scales[2], zeros[2]))
+        np.testing.assert_array_equal(op.reference(inputs), want)
+    _equal_on_1_and_2_threads(op, inputs, want)
+
+
 def test_quantized_add_round_trips_through_json_and_refuses_bad_parameters():
     op = QuantizedBinary(40, "uint8", 0.5, 3, "int8", 0.25, 0, "uint8", 1.0, 0)
     assert op_from_json(json.loads(json.dumps(op.to_json()))) == op

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx
 
+from schedule_templates.ops.quant_add import FusedAdd
 from schedule_templates.workloads import parse_workload
 from schedule_templates.workloads.lowp import add_requantized, requantize
 from tuner_service.compiler.deploy.node import Array, NodeInfo, OpFn, optional, required
@@ -36,6 +37,10 @@ _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127),
 
 def _zero_point(zp: Array | None, default: type[np.generic] = np.uint8) -> Array:
     return np.zeros((), dtype=default) if zp is None else np.asarray(zp)
+
+
+def _scalar(value: Array) -> float:
+    return float(np.asarray(value).reshape(-1)[0])
 
 
 def _per_axis(value: Array, ndim: int, axis: int) -> Array:
@@ -189,8 +194,17 @@ def _conv_integer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]
 
 
 def _qlinear_binary(op: str) -> OpFn:
-    """onnxruntime's QLinearAdd / QLinearMul: dequantize, compute in fp32, quantize."""
+    """onnxruntime's QLinearAdd / QLinearMul: its own fused arithmetic for an addition of one
+    shape (``FusedAdd``), else dequantize, compute in fp32, quantize."""
     def run(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
+        x, y = required(inputs, 0, node), required(inputs, 3, node)
+        if op == "add" and x.shape == y.shape:
+            zero_points = [_zero_point(optional(inputs, i)) for i in (2, 5, 7)]
+            fused = FusedAdd.of(
+                _scalar(required(inputs, 1, node)), int(zero_points[0].reshape(-1)[0]),
+                _scalar(required(inputs, 4, node)), int(zero_points[1].reshape(-1)[0]),
+                _scalar(required(inputs, 6, node)), int(zero_points[2].reshape(-1)[0]))
+            return [fused.numpy(x, y, str(zero_points[2].dtype)).reshape(x.shape)]
         a = dequantize(required(inputs, 0, node), required(inputs, 1, node), inputs[2])
         b = dequantize(required(inputs, 3, node), required(inputs, 4, node), optional(inputs, 5))
         value = a + b if op == "add" else a * b
@@ -248,8 +262,18 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
 
 def _int8_binary(combine: Callable[[Array, Array], Array]) -> OpFn:
     def run(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
-        """``tuner.int8`` Int8Add / Int8Mul: the unfused DequantizeLinear x2 -> Add|Mul
-        [-> Relu] -> QuantizeLinear, in one pass (same fp32 operations, same order)."""
+        """``tuner.int8`` Int8Add / Int8Mul: an addition of one shape without a Relu as
+        onnxruntime fuses it (``FusedAdd``, as the generated kernel); otherwise the unfused
+        DequantizeLinear x2 -> Add|Mul [-> Relu] -> QuantizeLinear, in one pass (same fp32
+        operations, same order)."""
+        x, y = required(inputs, 0, node), required(inputs, 1, node)
+        if combine is np.add and not node.get("relu", 0) and x.shape == y.shape:
+            fused = FusedAdd.of(
+                float(node.get("a_scale")), int(node.get("a_zero_point")),
+                float(node.get("b_scale")), int(node.get("b_zero_point")),
+                float(node.get("y_scale")), int(node.get("y_zero_point")))
+            out = "uint8" if node.get("out") == "u8" else "int8"
+            return [fused.numpy(x, y, out)]
         a = dequantize(required(inputs, 0, node), np.array(node.get("a_scale"), np.float32),
                        np.array(node.get("a_zero_point"), np.int32))
         b = dequantize(required(inputs, 1, node), np.array(node.get("b_scale"), np.float32),
