@@ -72,11 +72,17 @@ def _trials_done(database: Path) -> int:
         return 0  # not created yet
 
 
+#: trials per task of the interrupted run (two tasks): more than one report batch of 32
+TRIALS_PER_TASK = 64
+
+
 def _interrupt_mid_run(model: Path, out: Path) -> subprocess.CompletedProcess[str] | None:
     """Start ``tuner tune``, send SIGINT once trials are recorded; None if the run finished
-    before the signal landed (the worker reports in batches of up to 32 results, so on a busy
-    machine all 48 trials can arrive in one batch and the job ends between two polls)."""
-    process = subprocess.Popen([*TUNER, "tune", str(model), "-o", str(out), "--trials", "24"],
+    before the signal landed. The worker reports in batches of up to 32 results: with 48
+    trials in all, every one could arrive in one batch and the job end between two polls (seen
+    in CI, three runs out of three); with 128 there are at least four reports."""
+    process = subprocess.Popen([*TUNER, "tune", str(model), "-o", str(out), "--trials",
+                                str(TRIALS_PER_TASK)],
                                cwd=model.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "HOME": str(model.parent)})
     deadline = time.monotonic() + 300
@@ -86,7 +92,7 @@ def _interrupt_mid_run(model: Path, out: Path) -> subprocess.CompletedProcess[st
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
-    if process.returncode == 0 and _trials_done(out / "tuner.db") == 48:
+    if process.returncode == 0 and _trials_done(out / "tuner.db") == 2 * TRIALS_PER_TASK:
         return None
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
@@ -101,11 +107,11 @@ def test_an_interrupted_run_resumes_from_its_log(small_model: Path) -> None:
     assert interrupted.returncode == 130, interrupted.stderr
     assert "rerun the same command to resume" in interrupted.stderr
     before = _trials_done(out / "tuner.db")
-    assert 3 <= before < 48
+    assert 3 <= before < 2 * TRIALS_PER_TASK
 
-    report = _tune(small_model, out, "--trials", "24")
+    report = _tune(small_model, out, "--trials", str(TRIALS_PER_TASK))
     assert report["origin"] == "resumed" and report["status"] == "done"
-    assert sum(t["trials_done"] for t in report["tasks"]) == 48
+    assert sum(t["trials_done"] for t in report["tasks"]) == 2 * TRIALS_PER_TASK
     with sqlite3.connect(out / "tuner.db") as db:
         jobs = db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
     assert jobs == 1  # the same job went on

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from schedule_templates.ir import nodes
+from schedule_templates.ir import nodes, warp
 from schedule_templates.ir.analysis import loads_in, stored_buffers, substitute, substitute_stmt
 from schedule_templates.ir.gpu import serialize_for_host
 from schedule_templates.ir.nodes import (
@@ -46,7 +46,8 @@ OUT = Buffer("out", (4, 8))
 
 
 def _concrete(base: type) -> set[type]:
-    return {cls for cls in vars(nodes).values()
+    """Node classes of ``nodes.py`` and of ``warp.py`` (warp-wide GPU statements)."""
+    return {cls for module in (nodes, warp) for cls in vars(module).values()
             if isinstance(cls, type) and issubclass(cls, base) and cls is not base}
 
 
