@@ -92,7 +92,9 @@ def _interrupt_mid_run(model: Path, out: Path) -> subprocess.CompletedProcess[st
     process = subprocess.Popen([*TUNER, "tune", str(model), "-o", str(out), "--trials",
                                 str(TRIALS_PER_TASK)],
                                cwd=model.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, "HOME": str(model.parent)})
+                               text=True, env={**os.environ, "HOME": str(model.parent)},
+                               # a test run started in the background inherits SIGINT ignored
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while _tasks(out / "tuner.db") == 0 and process.poll() is None \
             and time.monotonic() < deadline:
