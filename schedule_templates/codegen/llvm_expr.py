@@ -3,8 +3,9 @@
 ``FunctionScope`` is everything bound while emitting one LLVM function (builder, loop indices,
 buffer pointers) and turns an expression into a scalar value. ``VectorEmitter`` turns the value
 and target of one store under a vectorized loop into ``<L x T>`` code: loads whose address does
-not move with the lane are broadcast, unit-stride ones are vector loads, small strides on buffers
-with slack are a wide load plus a shuffle, anything else is gathered lane by lane; ``a * b + c``
+not move with the lane are broadcast, unit-stride ones are vector loads, small strides are a wide
+load (the lanes' whole span, or only up to the last lane's element where the buffer has no slack
+to over-read) plus a shuffle, anything else is gathered lane by lane; ``a * b + c``
 on floats becomes ``llvm.fmuladd`` in both.
 """
 
@@ -226,8 +227,11 @@ class VectorEmitter(ExprFunctor[ir.Value]):
         vec = ir.VectorType(elem, lanes)
         if stride == 1:
             return b.load(scope.address(e.buffer, base), typ=vec, align=align)
-        if stride is not None and 1 < stride <= 4 and e.buffer.slack >= stride - 1:
-            wide_ty = ir.VectorType(elem, lanes * stride)
+        if stride is not None and 1 < stride <= 4:
+            # the whole stride of the last lane where the buffer has slack for it, else only
+            # up to the last lane's element (LLVM splits the odd-sized load, never over-reads)
+            span = lanes * stride if e.buffer.slack >= stride - 1 else (lanes - 1) * stride + 1
+            wide_ty = ir.VectorType(elem, span)
             wide = b.load(scope.address(e.buffer, base), typ=wide_ty, align=align)
             mask = ir.Constant(ir.VectorType(I32, lanes), [i * stride for i in range(lanes)])
             return b.shuffle_vector(wide, wide, mask)
