@@ -126,6 +126,19 @@ def intrinsic_feature(fn: str) -> str:
     return _INTRINSICS[fn].feature
 
 
+def emit_lrint(b: ir.IRBuilder, module: ir.Module, value: ir.Value) -> ir.Value:
+    """fp32 (scalar or vector) to int32, rounded in the current rounding mode (to nearest
+    even: nothing here changes it)."""
+    ty = value.type
+    lanes = ty.count if isinstance(ty, ir.VectorType) else 0
+    ret: ir.Type = ir.VectorType(I32, lanes) if lanes else I32
+    name = f"llvm.lrint.v{lanes}i32.v{lanes}f32" if lanes else "llvm.lrint.i32.f32"
+    existing = module.globals.get(name)
+    callee = existing if isinstance(existing, ir.Function) else ir.Function(
+        module, ir.FunctionType(ret, [ty]), name=name)
+    return b.call(callee, [value])
+
+
 def emit_intrinsic(b: ir.IRBuilder, module: ir.Module, fn: str, args: list[ir.Value]
                    ) -> ir.Value:
     if fn == "pmaddwd":

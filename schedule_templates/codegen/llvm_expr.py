@@ -20,6 +20,7 @@ from schedule_templates.codegen.llvm_dtypes import (
     element,
     emit_cast,
     emit_intrinsic,
+    emit_lrint,
     intrinsic_feature,
 )
 from schedule_templates.codegen.llvm_math import emit_math
@@ -114,6 +115,9 @@ class FunctionScope(ExprFunctor[ir.Value]):
                                  typ=element(e.dtype), align=align_of(e.dtype))
 
     def visit_cast(self, e: Cast) -> ir.Value:
+        rounded = rounded_operand(e)
+        if rounded is not None:
+            return emit_lrint(self.builder, self.ctx.module, self.visit_expr(rounded))
         return emit_cast(self.builder, self.visit_expr(e.arg), e.arg.dtype, e.to)
 
     def visit_intrinsic(self, e: Intrinsic) -> ir.Value:
@@ -212,6 +216,9 @@ class VectorEmitter(ExprFunctor[ir.Value]):
         return emit_math(self.scope.builder, self.scope.ctx.module, e.fn, arg)
 
     def visit_cast(self, e: Cast) -> ir.Value:
+        rounded = rounded_operand(e)
+        if rounded is not None:
+            return emit_lrint(self.scope.builder, self.scope.ctx.module, self.vector(rounded))
         return emit_cast(self.scope.builder, self.vector(e.arg), e.arg.dtype, e.to)
 
     def visit_intrinsic(self, e: Intrinsic) -> ir.Value:
@@ -247,6 +254,16 @@ class VectorEmitter(ExprFunctor[ir.Value]):
         one = b.insert_element(ir.Constant(vec, None), value, ir.Constant(I32, 0))
         return b.shuffle_vector(one, ir.Constant(vec, None),
                                 ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def rounded_operand(e: Cast) -> Expr | None:
+    """``x`` where ``e`` is ``int32(roundeven(x))``: one conversion in the default rounding
+    mode (``llvm.lrint``, x86's ``cvtps2dq``) instead of a round then a truncation; both are
+    undefined past int32's range, so nothing a kernel may rely on changes."""
+    arg = e.arg
+    if e.to == "int32" and isinstance(arg, Intrinsic) and arg.fn == "roundeven":
+        return arg.args[0]
+    return None
 
 
 def vectorizable(s: Store, lane: Var) -> bool:

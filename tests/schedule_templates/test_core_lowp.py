@@ -249,6 +249,25 @@ def test_casts_between_element_types(vector):
     np.testing.assert_array_equal(outs[3], outs[2].astype(np.int32) * 2)
 
 
+@pytest.mark.parametrize("vector", [False, True])
+def test_rounding_to_int32_is_one_conversion_to_nearest_even(vector):
+    """``int32(roundeven(x))`` is emitted as ``llvm.lrint`` (x86 ``cvtps2dq``, the rounding
+    mode's nearest even): ties go to the even neighbour, as numpy's ``rint``."""
+    n = 16
+    src = Buffer("src", (n,))
+    out = Buffer("out", (n,), dtype="int32")
+    v, mk = loop("v", n, LoopKind.VECTORIZE if vector else LoopKind.SERIAL)
+    kernel = Kernel("rint", (src, out), (),
+                    (mk(store(out[v], cast("int32", intrinsic("roundeven", src[v])))),))
+    assert "llvm.lrint" in str(generate_llvm_ir(kernel))
+    x = aligned_empty(n)
+    x[:] = [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -3.49, 3.51, 1e6 + 0.5, -7.0, 0.0,
+            126.5, 127.5, -128.5, 254.5]
+    got = aligned_empty(n, zero=True, dtype=np.int32)
+    run_kernel(kernel, [x, got])
+    np.testing.assert_array_equal(got, np.rint(x).astype(np.int32))
+
+
 def test_bfloat16_to_an_integer_gives_its_bits():
     n = 16
     src = Buffer("src", (n,))
