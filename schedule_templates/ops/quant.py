@@ -45,7 +45,7 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError, Shape, register_op
 from schedule_templates.ops.loops import BLOCK, kernel_name, vector_split, want_parallel
-from schedule_templates.ops.quant_add import RANGES, FusedAdd
+from schedule_templates.quant_add import RANGES, FusedAdd
 
 
 @register_op

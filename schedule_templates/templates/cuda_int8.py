@@ -57,8 +57,10 @@ from schedule_templates.templates.cuda_tiling import (
 from schedule_templates.templates.requantize import (
     OUT_DTYPES,
     AddBuffers,
+    ResidualBuffers,
     compensation,
     requantized,
+    requantized_int,
 )
 from schedule_templates.templates.x86_dot_gemm import as_words, typed
 from schedule_templates.workloads import Conv2dInt8, DenseInt8, Workload
@@ -97,6 +99,12 @@ class _Requantize:
     @property
     def dtype(self) -> str:
         return OUT_DTYPES[self.add if self.added else self.out]
+
+    def int_value(self, acc: Expr, channel: Expr) -> Expr:
+        """The u8/s8 output as an int32 of its range (before any fused addition)."""
+        return requantized_int(acc + self.compensation[channel],
+                               self.scale[channel if self.per_channel else 0],
+                               self.zero_point[0], self.out)
 
     def apply(self, acc: Expr, channel: Expr, column: Expr) -> Expr:
         value = requantized(acc + self.compensation[channel],
@@ -199,7 +207,10 @@ class Conv2dInt8Cuda(Template):
         data_zp = Buffer("data_zero_point", (1,), dtype="int32")
         weight = Buffer("weight_words", (wl.K, words), dtype="int32")
         stage = _Requantize(wl.K, wl.scale, wl.out)
-        out = Buffer("out", (wl.N, wl.K, pixels), dtype=stage.dtype)
+        fused = (None if wl.residual == "none"
+                 else ResidualBuffers((wl.N, wl.K, pixels), wl.residual))
+        out = Buffer("out", (wl.N, wl.K, pixels),
+                     dtype=stage.dtype if fused is None else fused.dtype)
 
         def pixel(p: Expr) -> tuple[Expr, Expr]:
             return (Const(0), p) if wl.N == 1 else (p // pixels, p % pixels)
@@ -218,6 +229,12 @@ class Conv2dInt8Cuda(Template):
             n, q = pixel(p)
             return out[n, channel(g, m), q]
 
+        def finish(acc: Expr, k: Expr, p: Expr) -> Expr:
+            if fused is None:
+                return stage.apply(acc, k, k)
+            n, q = pixel(p)
+            return fused.expr(stage.int_value(acc, k), fused.residual[n, k, q])
+
         problem = GemmProblem(
             wl.groups, rows, columns, words,
             a=Operand(rows, "k", vector_width(words),
@@ -226,12 +243,13 @@ class Conv2dInt8Cuda(Template):
             b=Operand(columns, "mn", 1,
                       lambda g, p, w: gathered_word(lambda k: tap(g, p, k), w)),
             out=target,
-            finish=lambda acc, g, m, _p: stage.apply(acc, channel(g, m), channel(g, m)),
+            finish=lambda acc, g, m, p: finish(acc, channel(g, m), p),
             dtype="int32", madd=lambda acc, weights, activations: dp4a(acc, activations,
                                                                         weights),
         )
         body = gemm_nest(GemmTiles.of(config), problem)
-        return Kernel("conv2d_int8_cuda", (data, data_zp, weight, *stage.params, out), (),
+        return Kernel("conv2d_int8_cuda", (data, data_zp, weight, *stage.params,
+                                           *(() if fused is None else fused.params), out), (),
                       (body,))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
@@ -240,8 +258,13 @@ class Conv2dInt8Cuda(Template):
         weight = typed(inputs, "weight", np.int8)
         zp = typed(inputs, "data_zero_point", np.uint8).reshape(-1)[:1].astype(np.int32)
         stage = _Requantize(wl.K, wl.scale, wl.out)
-        return {"data": typed(inputs, "data", np.uint8), "data_zero_point": zp,
+        args = {"data": typed(inputs, "data", np.uint8), "data_zero_point": zp,
                 "weight_words": weight_words(weight), **stage.pack(inputs, weight, wl.bias)}
+        if wl.residual != "none":
+            args["residual"] = typed(inputs, "residual",
+                                     np.uint8 if wl.residual == "u8" else np.int8)
+            args["residual_add"] = np.asarray(inputs["residual_add"], np.float32).reshape(3)
+        return args
 
 
 def _conv_gemm(wl: Conv2dInt8) -> tuple[int, int, int]:

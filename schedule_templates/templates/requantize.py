@@ -21,6 +21,7 @@ from schedule_templates.ir.nodes import (
     fmin,
     intrinsic,
 )
+from schedule_templates.quant_add import fused_add_expr
 from schedule_templates.templates.x86_dot_gemm import typed
 from schedule_templates.workloads.lowp import QUANT_RANGES
 
@@ -30,15 +31,35 @@ OUT_DTYPES = {"u8": "uint8", "s8": "int8", "f32": "float32"}
 def requantized(acc: Expr, scale: Expr, zero_point: Load, out: str) -> Expr:
     """The output stage: int32 ``acc`` scaled in fp32, then (u8/s8 out) clamped to the range
     less the zero point, rounded half to even, shifted by the zero point and narrowed."""
-    value = cast("float32", acc) * scale
     if out == "f32":
-        return value
+        return cast("float32", acc) * scale
+    return cast(OUT_DTYPES[out], requantized_int(acc, scale, zero_point, out))
+
+
+def requantized_int(acc: Expr, scale: Expr, zero_point: Load, out: str) -> Expr:
+    """The u8/s8 output value as an int32 of the type's range (before narrowing)."""
+    value = cast("float32", acc) * scale
     lo, hi = QUANT_RANGES[out]
     zp = cast("float32", zero_point)
     clamped = fmin(fmax(value, Const(float(lo), "float32") - zp),
                    Const(float(hi), "float32") - zp)
-    q = cast("int32", intrinsic("roundeven", clamped)) + zero_point
-    return cast(OUT_DTYPES[out], q)
+    return cast("int32", intrinsic("roundeven", clamped)) + zero_point
+
+
+class ResidualBuffers:
+    """``conv2d_int8``'s fused shortcut addition (``residual=u8|s8``): the other operand, of the
+    output's shape, and ``[ratio_a, ratio_b, constant]`` (``quant_add.FusedAdd``)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.dtype = OUT_DTYPES[dtype]
+        self.residual = Buffer("residual", shape, dtype=self.dtype)
+        self.constants = Buffer("residual_add", (3,))
+        self.params = (self.residual, self.constants)
+
+    def expr(self, q: Expr, residual: Expr) -> Expr:
+        """The layer's 8-bit value ``q`` plus ``residual`` (a load of the other operand)."""
+        c = self.constants
+        return fused_add_expr(q, residual, (c[0], c[1], c[2]), self.dtype)
 
 
 class AddBuffers:

@@ -36,6 +36,7 @@ import numpy as np
 
 from schedule_templates.ir.nodes import (
     Buffer,
+    Const,
     Expr,
     Kernel,
     Scope,
@@ -52,8 +53,10 @@ from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.choose import LANES
 from schedule_templates.templates.requantize import (
     OUT_DTYPES,
+    ResidualBuffers,
     compensation,
     requantized,
+    requantized_int,
 )
 from schedule_templates.templates.x86_depthwise_int8 import (
     depthwise_default,
@@ -149,10 +152,26 @@ class Conv2dInt8X86(Template):
         comp = Buffer("compensation", (wl.K,), dtype="int32")
         scale = Buffer("scale", (wl.K,) if wl.scale == "channel" else (1,))
         out_zp = Buffer("out_zero_point", (1,), dtype="int32")
-        out = Buffer("out", wl.output_shape(), dtype=OUT_DTYPES[wl.out])
+        fused = None if wl.residual == "none" else ResidualBuffers(wl.output_shape(),
+                                                                    wl.residual)
+        out = Buffer("out", wl.output_shape(),
+                     dtype=OUT_DTYPES[wl.out] if fused is None else fused.dtype)
+        params = (data, weight, taps, data_zp, comp, scale,
+                  *(() if wl.out == "f32" else (out_zp,)),
+                  *(() if fused is None else fused.params), out)
+
+        def output(acc: Expr, k: Expr, at: tuple[Expr, Expr]) -> Expr:
+            """Output channel k's value at (row, column) of image n: requantized, plus the
+            shortcut's element there when the addition is fused."""
+            s = scale[k if wl.scale == "channel" else 0]
+            if fused is None:
+                return requantized(acc + comp[k], s, out_zp[0], wl.out)
+            return fused.expr(requantized_int(acc + comp[k], s, out_zp[0], wl.out),
+                              fused.residual[n, k, at[0], at[1]])
+
         phased = Buffer("phased", (geo.phases * geo.channel_words * geo.plane,),
                         Scope.WORKSPACE, "int32")
-        tiles = Buffer("tiles", (kg, geo.columns), Scope.WORKSPACE, out.dtype)
+        tiles = Buffer("tiles", (kg, geo.columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
         partial = partial_buffer(config, kg, geo.columns, inst)
 
         ng, images_loop = loop("ng", wl.N * wl.groups)
@@ -169,26 +188,26 @@ class Conv2dInt8X86(Template):
                 return (q // wl.out_w) * geo.phase_w + q % wl.out_w
 
             def finish_pixel(acc: Expr, m: Expr, j: Expr) -> Stmt:
-                k = g * kg + j
-                value = requantized(acc + comp[k], scale[k if wl.scale == "channel" else 0],
-                                    out_zp[0], wl.out)
-                return store(out[n, k, m // wl.out_w, m % wl.out_w], value)
+                at = (m // wl.out_w, m % wl.out_w)
+                return store(out[n, g * kg + j, at[0], at[1]], output(acc, g * kg + j, at))
 
             nest = dot_nest(tiling, inst,
                             a=lambda m, w: phased[cast("int64", taps[w]) + pixel(m)],
                             b=lambda p, w, j: weight[g, p, w, j], finish=finish_pixel,
                             partial=partial, rows=pixels)
-            params = (data, weight, taps, data_zp, comp, scale,
-                      *(() if wl.out == "f32" else (out_zp,)), out)
             workspaces = (phased, *(() if partial is None else (partial,)))
             return Kernel("conv2d_int8_x86", params, workspaces,
                           (images_loop(prepare, nest),))
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
+            if geo.in_place:
+                return store(out[n, k, 0, q], output(acc, k, (Const(0), q)))
+            # the tiles hold phase-width rows (dropped columns too): the fused addition, if
+            # any, is done on the copy, where each column is a real output pixel
             value = requantized(acc + comp[k], scale[k if wl.scale == "channel" else 0],
                                 out_zp[0], wl.out)
-            return store(out[n, k, 0, q] if geo.in_place else tiles[m, q], value)
+            return store(tiles[m, q], value)
 
         nest = dot_nest(config, inst, a=lambda m, w: weight[g, m, w],
                         b=lambda p, w, j: phased[cast("int64", taps[w]) + p * nr + j],
@@ -197,14 +216,19 @@ class Conv2dInt8X86(Template):
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
             oh_count, ow_stride = wl.out_h, geo.phase_w
+
+            def copied(row: Expr, ow: Expr) -> Expr:
+                tile = tiles[row // oh_count, (row % oh_count) * ow_stride + ow]
+                if fused is None:
+                    return tile
+                return fused.expr(tile, fused.residual[n, g * kg + row // oh_count,
+                                                       row % oh_count, ow])
+
             body.append(copy_rows(
-                lambda row, ow: tiles[row // oh_count, (row % oh_count) * ow_stride + ow],
-                lambda row, ow: out[n, g * kg + row // oh_count, row % oh_count, ow],
+                copied, lambda row, ow: out[n, g * kg + row // oh_count, row % oh_count, ow],
                 kg * wl.out_h, wl.out_w))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
-        params = (data, weight, taps, data_zp, comp, scale,
-                  *(() if wl.out == "f32" else (out_zp,)), out)
         return Kernel("conv2d_int8_x86", params, workspaces, (images_loop(*body),))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
@@ -226,6 +250,10 @@ class Conv2dInt8X86(Template):
         if wl.out != "f32":
             zp_type = np.uint8 if wl.out == "u8" else np.int8
             args["out_zero_point"] = typed(inputs, "out_zero_point", zp_type).astype(np.int32)
+        if wl.residual != "none":
+            args["residual"] = typed(inputs, "residual",
+                                     np.uint8 if wl.residual == "u8" else np.int8)
+            args["residual_add"] = np.asarray(inputs["residual_add"], np.float32).reshape(3)
         return args
 
 

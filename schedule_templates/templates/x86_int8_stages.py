@@ -61,14 +61,14 @@ def word_rows(target: Target, source: ByteSource, rows: int, K: int,
     return rows_loop(*body)
 
 
-def copy_rows(source: Buffer | Target, target: Target, rows: int, columns: int,
-              prefix: str = "c") -> Stmt:
+def copy_rows(source: Buffer | Callable[[Expr, Expr], Expr], target: Target, rows: int,
+              columns: int, prefix: str = "c") -> Stmt:
     """``target(row, n) = source(row, n)`` for the first ``columns`` columns of every row (a
-    Buffer source is read as ``source[row, n]``)."""
+    Buffer source is read as ``source[row, n]``; a function may compute on what it loads)."""
     if isinstance(source, Buffer):
         buffer = source
 
-        def source(row: Expr, n: Expr) -> Load:
+        def source(row: Expr, n: Expr) -> Expr:
             return buffer[row, n]
 
     row, rows_loop = loop(f"{prefix}_m", rows, LoopKind.PARALLEL)

@@ -26,6 +26,16 @@ Parameters (the contract the ONNX front end builds keys from):
 Inputs, in call order: ``data`` u8 [N,C,H,W], ``weight`` s8 [K,C/groups,R,S],
 ``data_zero_point`` u8 [1], ``scale`` f32 [K] or [1], ``bias`` int32 [K] (``bias=s32``),
 ``out_zero_point`` u8/s8 [1] (not for ``out=f32``). Output [N,K,OH,OW] of the ``out`` type.
+
+``residual=u8|s8`` (default none) fuses the quantized shortcut addition that follows the layer
+in a QDQ residual block (``Int8Add`` of the layer's 8-bit output, its first operand, and a
+tensor of the output's shape, without a Relu) into the output stage, in onnxruntime's own
+arithmetic (``quant_add.FusedAdd``): the requantized value ``q`` and ``residual`` (the
+other operand, of the type the field names, which is also the sum's) give
+``fma(q, ratio_a, fma(residual, ratio_b, constant))``, rounded half to even and saturated, with
+``residual_add = [ratio_a, ratio_b, constant]`` (fp32, computed by ``FusedAdd.of`` from the
+addition's scales and zero points). The bytes are those of the layer followed by the addition's
+own kernel. Not for ``out=f32`` or depthwise layers.
 """
 
 from __future__ import annotations
@@ -36,16 +46,23 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from schedule_templates.workloads.base import Shape, register
+from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.quant_add import FusedAdd
+from schedule_templates.workloads.base import Shape, Workload, register
 from schedule_templates.workloads.conv import _CONV_PARAMS, _WINDOW_PARAMS, _Grouped
 from schedule_templates.workloads.lowp import (
     QUANT_CHOICES,
     QUANT_CONSTANTS,
+    QUANT_NUMPY,
     QUANT_PARAMS,
+    QUANT_RANGES,
     quantized_inputs,
     quantized_shapes,
     requantize,
 )
+
+#: the fused shortcut addition's inputs (``residual``)
+RESIDUAL_INPUTS = ("residual", "residual_add")
 
 
 @register
@@ -58,6 +75,7 @@ class Conv2dInt8(_Grouped):
     out: str = "u8"
     scale: str = "channel"
     bias: str = "none"
+    residual: str = "none"
 
     op: ClassVar[str] = "conv2d_int8"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
@@ -66,25 +84,41 @@ class Conv2dInt8(_Grouped):
         **_WINDOW_PARAMS,
         "groups": ("int", 1),
         **QUANT_PARAMS,
+        "residual": ("choice", "none"),
     }
-    choices: ClassVar[dict[str, tuple[str, ...]]] = QUANT_CHOICES
-    constant_inputs: ClassVar[tuple[str, ...]] = QUANT_CONSTANTS
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {**QUANT_CHOICES,
+                                                     "residual": ("none", "u8", "s8")}
+    constant_inputs: ClassVar[tuple[str, ...]] = (*QUANT_CONSTANTS, "residual_add")
     examples: ClassVar[tuple[str, ...]] = (
         "conv2d_int8:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1",
         "conv2d_int8:N=1,C=12,H=6,W=5,K=20,R=1,S=1,out=s8,scale=tensor,bias=s32",
         "conv2d_int8:N=2,C=6,H=9,W=8,K=10,R=3,S=3,stride=2,pad=1,out=f32",
         "conv2d_int8:N=1,C=16,H=7,W=7,K=16,R=3,S=3,pad=1,groups=16,bias=s32",
         "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
+        "conv2d_int8:N=1,C=8,H=6,W=7,K=24,R=1,S=1,bias=s32,residual=s8",
+        "conv2d_int8:N=1,C=6,H=9,W=8,K=16,R=3,S=3,stride=2,pad=1,out=s8,residual=u8",
     )
 
     def validate(self) -> None:
         super().validate()
         self._check_groups()
+        if self.residual != "none" and (self.out == "f32" or (self.groups == self.C
+                                                                and self.groups > 1)):
+            raise InvalidWorkloadError("conv2d_int8: a fused residual addition (residual=...) "
+                                       "needs an 8-bit output and a non-depthwise layer")
+
+    def base_workload(self) -> Workload:
+        """The convolution without the fused addition: the same search space and operations
+        (the addition changes only the output stage), so the same records serve both."""
+        return self if self.residual == "none" else dataclasses.replace(self, residual="none")
 
     def input_shapes(self) -> dict[str, Shape]:
-        return quantized_shapes((self.N, self.C, self.H, self.W),
-                                (self.K, self.group_in, self.R, self.S), self.K, self.scale,
-                                self.bias, self.out)
+        shapes = quantized_shapes((self.N, self.C, self.H, self.W),
+                                  (self.K, self.group_in, self.R, self.S), self.K, self.scale,
+                                  self.bias, self.out)
+        if self.residual != "none":
+            shapes.update(residual=self.output_shape(), residual_add=(3,))
+        return shapes
 
     def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """The exact int32 accumulators, bias included (fp64 sums of integers far below
@@ -100,18 +134,42 @@ class Conv2dInt8(_Grouped):
         zp = inputs.get("out_zero_point")
         zero_point = None if zp is None else int(np.asarray(zp).reshape(-1)[0])
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(1, -1, 1, 1)
-        return requantize(self.accumulate(inputs), scale, zero_point, self.out)
+        result = requantize(self.accumulate(inputs), scale, zero_point, self.out)
+        return result if self.residual == "none" else residual_added(result, inputs,
+                                                                     self.residual)
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
-        return quantized_inputs(rng, (self.N, self.C, self.H, self.W),
-                                (self.K, self.group_in, self.R, self.S),
-                                self.group_in * self.R * self.S, self.K, self.scale, self.bias,
-                                self.out)
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        inputs = quantized_inputs(gen, (self.N, self.C, self.H, self.W),
+                                  (self.K, self.group_in, self.R, self.S),
+                                  self.group_in * self.R * self.S, self.K, self.scale,
+                                  self.bias, self.out)
+        if self.residual != "none":  # a shortcut of its own scale, some sums saturating
+            lo, hi = QUANT_RANGES[self.residual]
+            inputs["residual"] = gen.integers(lo, hi + 1, size=self.output_shape()
+                                              ).astype(QUANT_NUMPY[self.residual])
+            zp_a = int(np.asarray(inputs["out_zero_point"]).reshape(-1)[0])
+            zp_b, zp_y = (128, 120) if self.residual == "u8" else (0, -5)
+            scales = gen.uniform(0.02, 0.05, size=3)
+            fused = FusedAdd.of(scales[0], zp_a, scales[1], zp_b, scales[2], zp_y)
+            inputs["residual_add"] = np.array([fused.ratio_a, fused.ratio_b, fused.constant],
+                                              np.float32)
+        return inputs
 
     def describe(self) -> str:
         kind = ("depthwise " if self.groups == self.C and self.groups > 1
                 else f"{self.groups}-group " if self.groups > 1 else "")
         bias = ", int32 bias" if self.bias == "s32" else ""
+        added = (f", then a {self.residual} shortcut addition" if self.residual != "none"
+                 else "")
         return (f"int8 {kind}conv2d {self.C}->{self.K} channels, {self.H}x{self.W} input, "
                 f"{self._geometry()}" + (f", batch {self.N}" if self.N != 1 else "")
-                + f" (u8 x s8 -> s32{bias}, {self.scale} scale, {self.out} out)")
+                + f" (u8 x s8 -> s32{bias}, {self.scale} scale, {self.out} out{added})")
+
+
+def residual_added(q: np.ndarray, inputs: Mapping[str, np.ndarray], dtype: str) -> np.ndarray:
+    """The shortcut addition after the layer's 8-bit output ``q``: onnxruntime's arithmetic
+    with the fp32 ``residual_add = [ratio_a, ratio_b, constant]``."""
+    ratio_a, ratio_b, constant = np.asarray(inputs["residual_add"], np.float32).reshape(3)
+    fused = FusedAdd(np.float32(ratio_a), np.float32(ratio_b), np.float32(constant))
+    return fused.numpy(q, inputs["residual"], np.dtype(QUANT_NUMPY[dtype]).name)

@@ -1,5 +1,6 @@
 """Quantized models with fewer passes and the same bytes: a bias addition fused into the
-``dense_int8`` layer before it (``frontend.quantized_bias``), and 8-bit transposes on a
+``dense_int8`` layer before it (``frontend.quantized_bias``), a shortcut addition fused into
+the ``conv2d_int8`` layer before it (``frontend.quantized_residual``), and 8-bit transposes on a
 generated kernel inside the native program (``deploy.int8_glue``). Each model runs both ways
 (the rewrite or kernel switched off) and must give identical outputs, its 8-bit tensors too;
 an 8-bit MaxPool also against its fp32 evaluation between a DequantizeLinear and a
@@ -22,7 +23,7 @@ from tuner_service.compiler.deploy.int8_glue import QuantGlueStep
 from tuner_service.compiler.deploy.int8_step import Int8KernelStep
 from tuner_service.compiler.deploy.library import build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
-from tuner_service.compiler.frontend import quantized_bias, quantized_glue
+from tuner_service.compiler.frontend import quantized_bias, quantized_glue, quantized_residual
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
@@ -72,6 +73,48 @@ def test_bias_add_fused_into_the_dense_layer_gives_the_unfused_bytes(
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     x = feeds(5)
     np.testing.assert_array_equal(fused.run(x)[bias_out], session.run([bias_out], x)[0])
+
+
+def test_shortcut_add_fused_into_the_conv_layer_gives_the_unfused_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The residual block's ``Int8Add`` (3x3 conv + 1x1 shortcut conv, no Relu once
+    quantized) runs inside the 3x3 layer's output stage: one kernel and one pass fewer, the
+    bytes of the layer then the addition's own kernel, and onnxruntime's."""
+    model = onnx.load(quantized(tmp_path, "qdq", residual=True))
+    add_out = next(n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"
+                   and n.input[0] == "r2")  # the Relu after the Add is gone
+    model.graph.output.append(onnx.helper.make_tensor_value_info(
+        add_out, onnx.TensorProto.UINT8, [1, 16, 4, 4]))
+    path = tmp_path / "residual-out.onnx"
+    onnx.save(model, path)
+    fused = _runner(path, tmp_path / "fused")
+    conv = next(s for s in fused.steps if isinstance(s, Int8KernelStep) and s.layer == "conv2")
+    assert conv.kernel.workload.key.endswith(",residual=u8")
+    assert list(conv.outputs) == [add_out] and "Int8Add" not in _glue(fused)
+    assert [s.native for s in fused.plan.segments] == [True]
+
+    monkeypatch.setattr(quantized_residual, "fused_residual_adds", lambda view: iter(()))
+    plain = _runner(path, tmp_path / "plain")
+    assert _glue(plain).count("Int8Add") == 1
+    for seed in (0, 1, 2, 3):
+        x = feeds(seed)
+        got, want = fused.run(x), plain.run(x)
+        assert got[add_out].dtype == np.uint8 and len(np.unique(got[add_out])) > 4
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        np.testing.assert_array_equal(fused.run(x, native=False)[add_out], got[add_out])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = feeds(5)
+    np.testing.assert_array_equal(fused.run(x)[add_out], session.run([add_out], x)[0])
+
+
+def test_a_quantized_product_is_not_fused_as_a_shortcut(tmp_path: Path) -> None:
+    """Only additions fold into a layer's output stage: the gate (``Int8Mul``) of the same
+    block stays a kernel of its own, after a plain layer."""
+    runner = _runner(quantized(tmp_path, "qdq", residual=True, product=True), tmp_path / "lib")
+    assert "Int8Mul" in _glue(runner)
+    assert not [s for s in runner.steps if isinstance(s, Int8KernelStep)
+                and "residual=" in s.kernel.workload.key]
 
 
 def test_byte_transpose_runs_on_its_kernel_in_the_native_program(

@@ -36,6 +36,7 @@ from tuner_service.compiler.deploy.kernel_step import ArgKind, BoundArg, KernelS
 from tuner_service.compiler.deploy.node import NodeInfo
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
+    INT8_INPUTS,
     INT8_OP,
     int8_layer_inputs,
     int8_layer_workload,
@@ -131,13 +132,18 @@ class Int8KernelStep(KernelStep):
         lowered = kernel.template.lower(workload, kernel.config)
         values = [None, *(constants.get(name) if name else None for name in node.input[1:])]
         named = int8_layer_inputs(workload, values)
-        named["data"] = np.zeros(workload.input_shapes()["data"], np.uint8)
+        shapes = workload.input_shapes()
+        named["data"] = np.zeros(shapes["data"], np.uint8)
+        residual = next((b for b in lowered.params if b.name == "residual"), None)
+        if residual is not None:  # read at every run, like data: a placeholder to pack with
+            named["residual"] = np.zeros(shapes["residual"], NUMPY_DTYPES[residual.dtype])
         try:
             packed = kernel.template.pack(workload, kernel.config, named)
         except (ScheduleError, ValueError) as e:
             raise LibraryError(f"int8 layer {node.name}: packing its constants failed: {e}"
                                ) from e
         args = [_data_arg(b, node.input[0]) if b.name == "data" else
+                _residual_arg(b, node) if b.name == "residual" else
                 BoundArg(ArgKind.FIXED, _bound(b, packed, node.name), None, b.size,
                          np.dtype(NUMPY_DTYPES[b.dtype]))
                 for b in lowered.params[:-1]]
@@ -172,6 +178,16 @@ def _data_arg(data: Buffer, tensor: str) -> BoundArg:
         staged = buffer_array(data, zero=True).view(np.uint8)
         return BoundArg(ArgKind.STAGED, staged, tensor, size, np.dtype(np.uint8))
     return BoundArg(ArgKind.ACTIVATION, None, tensor, size, np.dtype(np.uint8))
+
+
+def _residual_arg(residual: Buffer, node: onnx.NodeProto) -> BoundArg:
+    """The fused shortcut addition's other operand: an 8-bit activation read by pointer."""
+    position = INT8_INPUTS.index("residual")
+    tensor = node.input[position] if len(node.input) > position else ""
+    if not tensor:
+        raise LibraryError(f"int8 layer {node.name}: its fused addition has no residual input")
+    return BoundArg(ArgKind.ACTIVATION, None, tensor, residual.size,
+                    np.dtype(NUMPY_DTYPES[residual.dtype]))
 
 
 def _bound(buf: Buffer, packed: Mapping[str, np.ndarray], layer: str) -> np.ndarray:

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx
 
-from schedule_templates.ops.quant_add import FusedAdd
+from schedule_templates.quant_add import FusedAdd
 from schedule_templates.workloads import parse_workload
 from schedule_templates.workloads.lowp import add_requantized, requantize
+from schedule_templates.workloads.quant_conv import residual_added
 from tuner_service.compiler.deploy.node import Array, NodeInfo, OpFn, optional, required
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
@@ -257,6 +258,9 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     added = str(getattr(workload, "add", "none"))
     if added != "none":  # a quantized bias addition fused into the layer (``quantized_bias``)
         result = add_requantized(result, named, added)
+    shortcut = str(getattr(workload, "residual", "none"))
+    if shortcut != "none":  # a shortcut addition fused into the layer (``quantized_residual``)
+        result = residual_added(result, named, shortcut)
     return [result.reshape(tuple(node.get("shape")))]
 
 

@@ -62,7 +62,8 @@ class _Parts:
 def rewrite_quantized(proto: onnx.ModelProto) -> int:
     """Replace every recognised quantized layer of ``proto`` in place, then the quantized
     residual additions between them (``quantized_glue``; a bias addition right after a
-    ``dense_int8`` layer is fused into it, ``quantized_bias``), unary chains and scalar glue as
+    ``dense_int8`` layer is fused into it, ``quantized_bias``, and a shortcut addition right
+    after a ``conv2d_int8`` layer, ``quantized_residual``), unary chains and scalar glue as
     tables, and 8-bit data movement; returns how many nodes were made.
 
     Raises ModelError for a quantized layer whose parameters are inconsistent (a non-constant
@@ -73,6 +74,7 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
         int8_add_groups,
         requantize_free_moves,
     )
+    from tuner_service.compiler.frontend.quantized_residual import fused_residual_adds
     from tuner_service.compiler.frontend.quantized_scalar import composed_tables, scalar_tables
     from tuner_service.compiler.frontend.quantized_table import table_groups
 
@@ -81,6 +83,7 @@ def rewrite_quantized(proto: onnx.ModelProto) -> int:
     made = apply_groups(proto, list(_groups(QuantGraph(proto.graph))))
     made += apply_groups(proto, list(int8_add_groups(QuantGraph(proto.graph))))
     made += apply_groups(proto, list(fused_bias_adds(QuantGraph(proto.graph))))
+    made += apply_groups(proto, list(fused_residual_adds(QuantGraph(proto.graph))))
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 17)
     made += apply_groups(proto, list(table_groups(QuantGraph(proto.graph), opset)))
     made += apply_groups(proto, list(scalar_tables(QuantGraph(proto.graph))))

@@ -6,7 +6,9 @@ requantization: inputs ``data`` (u8 activation), ``weight`` (s8, in the workload
 ``data_zero_point``, ``scale`` (x_scale * w_scale / y_scale, fp32), ``bias`` (int32, or empty)
 and ``out_zero_point`` (empty for an fp32 output), then, for a ``dense_int8`` with a fused
 quantized addition (``add=u8|s8``, ``quantized_bias``), ``add_value``, ``add_scale`` and
-``add_zero_point``; attributes ``workload`` (a ``dense_int8`` or ``conv2d_int8`` key), ``relu``
+``add_zero_point``, and for a ``conv2d_int8`` with a fused shortcut addition
+(``residual=u8|s8``, ``quantized_residual``) the 8-bit ``residual`` activation and
+``residual_add``; attributes ``workload`` (a ``dense_int8`` or ``conv2d_int8`` key), ``relu``
 (clamp at the output zero point) and ``shape`` (the ONNX output's shape).
 ``quantized.rewrite_quantized`` writes these nodes.
 """
@@ -28,7 +30,9 @@ INT8_DOMAIN = "tuner.int8"
 INT8_OP = "Int8Layer"
 #: Int8Layer's inputs, in order (an omitted optional one is the empty name)
 INT8_INPUTS = ("data", "weight", "data_zero_point", "scale", "bias", "out_zero_point",
-               "add_value", "add_scale", "add_zero_point")
+               "add_value", "add_scale", "add_zero_point", "residual", "residual_add")
+#: the inputs read at every run (activations); the others are constants
+INT8_ACTIVATIONS = ("data", "residual")
 
 _WINDOW = ("N", "C", "H", "W", "R", "S", "stride", "pad", "dilation")
 

@@ -45,18 +45,26 @@ class FusedAdd:
         return cls(ratio_a, ratio_b, f32(f32(y_zero_point) - inner))
 
     def expr(self, a: Expr, b: Expr, dtype: str) -> Expr:
-        """The kernel's element: the code generator contracts each ``p * q + r`` into an FMA."""
-        value = cast("float32", a) * _f32(self.ratio_a) + (
-            cast("float32", b) * _f32(self.ratio_b) + _f32(self.constant))
-        lo, hi = RANGES[dtype]
-        clamped = fmin(fmax(value, _f32(lo)), _f32(hi))
-        return cast(dtype, cast("int32", intrinsic("roundeven", clamped)))
+        """The kernel's element, with this call's constants in the code."""
+        return fused_add_expr(a, b, (_f32(self.ratio_a), _f32(self.ratio_b),
+                                     _f32(self.constant)), dtype)
 
     def numpy(self, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
         value = fma32(np.asarray(b, np.float32), self.ratio_b, self.constant)
         value = fma32(np.asarray(a, np.float32), self.ratio_a, value)
         lo, hi = RANGES[dtype]
         return np.clip(np.rint(value), lo, hi).astype(dtype)
+
+
+def fused_add_expr(a: Expr, b: Expr, constants: tuple[Expr, Expr, Expr], dtype: str) -> Expr:
+    """``a`` and ``b`` (8-bit values, or integers of their range) added with ``constants``
+    (ratio_a, ratio_b, constant: literals, or loads where the kernel takes them as arguments);
+    the code generator contracts each ``p * q + r`` into an FMA, as the numpy form rounds."""
+    ratio_a, ratio_b, constant = constants
+    value = cast("float32", a) * ratio_a + (cast("float32", b) * ratio_b + constant)
+    lo, hi = RANGES[dtype]
+    clamped = fmin(fmax(value, _f32(lo)), _f32(hi))
+    return cast(dtype, cast("int32", intrinsic("roundeven", clamped)))
 
 
 def fma32(x: np.ndarray | np.float32, y: np.ndarray | np.float32,
