@@ -18,6 +18,7 @@ import pytest
 from tests.frontend.quantized_models import feeds, quantized
 from tuner_service.compiler.deploy import int8_glue
 from tuner_service.compiler.deploy.configs import ConfigBook
+from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.executor import ModelRunner, NumpyStep
 from tuner_service.compiler.deploy.int8_glue import QuantGlueStep
 from tuner_service.compiler.deploy.int8_step import Int8KernelStep
@@ -106,6 +107,19 @@ def test_shortcut_add_fused_into_the_conv_layer_gives_the_unfused_bytes(
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = feeds(5)
     np.testing.assert_array_equal(fused.run(x)[add_out], session.run([add_out], x)[0])
+
+
+def test_a_library_built_without_the_fusion_is_refused_not_run_wrong(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library whose int8 kernel computes less than the model's layer now asks for (built
+    by a version that did not fuse the addition) would leave the addition out: a clear error
+    that says to rebuild, not wrong bytes."""
+    model = quantized(tmp_path, "qdq", residual=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(quantized_residual, "fused_residual_adds", lambda view: iter(()))
+        build_library(model, ConfigBook(), tmp_path / "old")
+    with pytest.raises(LibraryError, match="rebuild it with tuner build"):
+        ModelRunner(model, KernelLibrary(tmp_path / "old"))
 
 
 def test_a_quantized_product_is_not_fused_as_a_shortcut(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_gener
 from tuner_service.compiler.frontend.graph import index_graph
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.precision import PRECISIONS, apply_precision
-from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN
+from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN, int8_layer_workload
 from tuner_service.compiler.frontend.shapes import InputShapes
 
 logger = logging.getLogger(__name__)
@@ -192,6 +192,7 @@ class ModelRunner:
                 self.int8_glue_steps.append(glue)
                 return
             if kernel is not None:
+                _check_int8_layer(node, kernel.workload.key)
                 int8 = Int8KernelStep(kernel, node, info, self.constants, self.threads)
                 self.steps.append(int8)
                 self.int8_steps.append(int8)
@@ -318,6 +319,17 @@ def manifest_precision(manifest: dict[str, Any]) -> str:
         raise LibraryError(f"the manifest names an unknown precision {precision!r}; rebuild "
                            "it with tuner build")
     return precision
+
+
+def _check_int8_layer(node: onnx.NodeProto, built: str) -> None:
+    """The library's kernel for an int8 layer computes the layer the model has now (a library
+    built by an earlier version, before a rewrite fused more into the layer, would silently
+    leave that part out)."""
+    wanted = int8_layer_workload(node).key
+    if wanted != built:
+        raise LibraryError(f"int8 layer {node.name}: the library's kernel computes {built}, "
+                           f"this model's layer is {wanted}; the library was built by another "
+                           "version or for another model: rebuild it with tuner build")
 
 
 def _check_plan(layers: Sequence[Layer], manifest: dict[str, Any]) -> None:
