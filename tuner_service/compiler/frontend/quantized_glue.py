@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,6 +31,16 @@ INT8_MUL = "Int8Mul"
 #: the standard operator each quantized binary node replaces
 BINARY = {"Add": INT8_ADD, "Mul": INT8_MUL}
 _EIGHT_BIT = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)
+
+
+def plain_additions(view: QuantGraph) -> Iterator[tuple[int, onnx.NodeProto, dict[str, Any]]]:
+    """(position, node, attributes) of every ``Int8Add`` of two operands without a Relu: the
+    additions a layer before them may take into its output stage."""
+    for position, node in enumerate(view.graph.node):
+        if node.domain == INT8_DOMAIN and node.op_type == INT8_ADD and len(node.input) == 2:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            if not attrs.get("relu", 0):
+                yield position, node, attrs
 
 
 def int8_add_groups(view: QuantGraph) -> Iterator[Group]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +31,7 @@ from schedule_templates.errors import ScheduleError
 from schedule_templates.quant_add import FusedAdd
 from schedule_templates.workloads import Conv2dInt8
 from tuner_service.compiler.frontend.errors import UnmappableNode
-from tuner_service.compiler.frontend.quantized_glue import INT8_ADD
+from tuner_service.compiler.frontend.quantized_glue import plain_additions
 from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
@@ -45,17 +46,14 @@ _TYPES = {"u8": onnx.TensorProto.UINT8, "s8": onnx.TensorProto.INT8}
 def fused_residual_adds(view: QuantGraph) -> Iterator[Group]:
     """One group per ``Int8Add`` whose first operand is a plain ``conv2d_int8`` layer's
     output that only it reads: the layer with the addition fused, in the addition's place."""
-    for position, node in enumerate(view.graph.node):
-        if node.domain == INT8_DOMAIN and node.op_type == INT8_ADD and len(node.input) == 2:
-            group = _fused(view, position, node)
-            if group is not None:
-                yield group
+    for position, add, attrs in plain_additions(view):
+        group = _fused(view, position, add, attrs)
+        if group is not None:
+            yield group
 
 
-def _fused(view: QuantGraph, position: int, add: onnx.NodeProto) -> Group | None:
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in add.attribute}
-    if attrs.get("relu", 0):
-        return None
+def _fused(view: QuantGraph, position: int, add: onnx.NodeProto, attrs: dict[str, Any]
+           ) -> Group | None:
     operand, shortcut = add.input
     layer_at = view.producer.get(operand)
     if layer_at is None or view.only_reader(operand) != position or shortcut == operand:
