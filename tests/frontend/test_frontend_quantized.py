@@ -54,10 +54,14 @@ def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> 
 
 def test_a_residual_input_read_as_8_bits_leaves_no_dead_dequantize(tmp_path: Path) -> None:
     """The residual block's input feeds two int8 layers (the 3x3 and the shortcut): both read
-    its uint8 tensor after the rewrite, so its DequantizeLinear (read by nothing) is gone."""
+    its uint8 tensor after the rewrite, so its DequantizeLinear (read by nothing) is gone. The
+    block's addition is fused into the 3x3 layer (``quantized_residual``)."""
     proto = load_model(quantized(tmp_path, "qdq", residual=True))
     ops = [(n.domain, n.op_type) for n in proto.graph.node]
-    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 5 and ops.count((INT8_DOMAIN, "Int8Add")) == 1
+    assert ops.count((INT8_DOMAIN, "Int8Layer")) == 5 and ops.count((INT8_DOMAIN, "Int8Add")) == 0
+    keys = [a.s.decode() for n in proto.graph.node for a in n.attribute if a.name == "workload"]
+    assert [k for k in keys if k.endswith(",residual=u8")] == [
+        "conv2d_int8:N=1,C=16,H=4,W=4,K=16,R=3,S=3,pad=1,residual=u8"]
     read = {name for node in proto.graph.node for name in node.input}
     read |= {value.name for value in proto.graph.output}
     assert all(out in read for node in proto.graph.node for out in node.output)
