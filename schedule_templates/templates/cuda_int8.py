@@ -258,13 +258,9 @@ class Conv2dInt8Cuda(Template):
         weight = typed(inputs, "weight", np.int8)
         zp = typed(inputs, "data_zero_point", np.uint8).reshape(-1)[:1].astype(np.int32)
         stage = _Requantize(wl.K, wl.scale, wl.out)
-        args = {"data": typed(inputs, "data", np.uint8), "data_zero_point": zp,
-                "weight_words": weight_words(weight), **stage.pack(inputs, weight, wl.bias)}
-        if wl.residual != "none":
-            args["residual"] = typed(inputs, "residual",
-                                     np.uint8 if wl.residual == "u8" else np.int8)
-            args["residual_add"] = np.asarray(inputs["residual_add"], np.float32).reshape(3)
-        return args
+        return {"data": typed(inputs, "data", np.uint8), "data_zero_point": zp,
+                "weight_words": weight_words(weight), **stage.pack(inputs, weight, wl.bias),
+                **ResidualBuffers.pack(inputs, wl.residual)}
 
 
 def _conv_gemm(wl: Conv2dInt8) -> tuple[int, int, int]:

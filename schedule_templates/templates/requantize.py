@@ -61,6 +61,15 @@ class ResidualBuffers:
         c = self.constants
         return fused_add_expr(q, residual, (c[0], c[1], c[2]), self.dtype)
 
+    @staticmethod
+    def pack(inputs: Mapping[str, np.ndarray], residual: str) -> dict[str, np.ndarray]:
+        """The kernel arguments of ``residual=u8|s8`` (none for ``none``)."""
+        if residual == "none":
+            return {}
+        return {"residual": typed(inputs, "residual",
+                                  np.uint8 if residual == "u8" else np.int8),
+                "residual_add": np.asarray(inputs["residual_add"], np.float32).reshape(3)}
+
 
 class AddBuffers:
     """The fused addition's arguments: the constant negated (``x - (-c)``: the code generator

@@ -250,11 +250,7 @@ class Conv2dInt8X86(Template):
         if wl.out != "f32":
             zp_type = np.uint8 if wl.out == "u8" else np.int8
             args["out_zero_point"] = typed(inputs, "out_zero_point", zp_type).astype(np.int32)
-        if wl.residual != "none":
-            args["residual"] = typed(inputs, "residual",
-                                     np.uint8 if wl.residual == "u8" else np.int8)
-            args["residual_add"] = np.asarray(inputs["residual_add"], np.float32).reshape(3)
-        return args
+        return {**args, **ResidualBuffers.pack(inputs, wl.residual)}
 
 
 def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Config
