@@ -33,11 +33,7 @@ from schedule_templates.workloads import DenseInt8
 from tuner_service.compiler.frontend.errors import UnmappableNode
 from tuner_service.compiler.frontend.quantized_glue import plain_additions
 from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph
-from tuner_service.compiler.frontend.quantized_ops import (
-    INT8_DOMAIN,
-    INT8_OP,
-    int8_layer_workload,
-)
+from tuner_service.compiler.frontend.quantized_ops import plain_int8_layer
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
@@ -101,17 +97,8 @@ def _fused_node(layer: onnx.NodeProto, fused: DenseInt8, output: str,
 def _plain_dense(layer: onnx.NodeProto) -> DenseInt8 | None:
     """The layer's workload when it is a ``dense_int8`` with an 8-bit output, no ReLU and no
     addition fused yet."""
-    if (layer.domain, layer.op_type) != (INT8_DOMAIN, INT8_OP) or len(layer.input) > 6:
-        return None
-    try:
-        workload = int8_layer_workload(layer)
-    except UnmappableNode:
-        return None
-    relu = next((a.i for a in layer.attribute if a.name == "relu"), 0)
-    if not isinstance(workload, DenseInt8) or workload.out == "f32" or workload.add != "none" \
-            or relu:
-        return None
-    return workload
+    workload = plain_int8_layer(layer)
+    return workload if isinstance(workload, DenseInt8) and workload.add == "none" else None
 
 
 def _byte_constant(view: QuantGraph, name: str, reader: int

@@ -60,6 +60,20 @@ def int8_layer_workload(node: onnx.NodeProto) -> Workload:
     raise UnmappableNode("Int8Layer node without a workload attribute")
 
 
+def plain_int8_layer(layer: onnx.NodeProto) -> Workload | None:
+    """The workload of an ``Int8Layer`` with an 8-bit output, no ReLU and no input past its
+    own six (None for any other node): a layer that an addition after it may fold into."""
+    if (layer.domain, layer.op_type) != (INT8_DOMAIN, INT8_OP) \
+            or len(layer.input) > INT8_INPUTS.index("add_value"):
+        return None
+    try:
+        workload = int8_layer_workload(layer)
+    except UnmappableNode:
+        return None
+    relu = next((a.i for a in layer.attribute if a.name == "relu"), 0)
+    return None if relu or getattr(workload, "out", "f32") == "f32" else workload
+
+
 def int8_conv(fp32: Workload, **params: object) -> Workload:
     """The ``conv2d_int8`` workload with the geometry of an fp32 conv workload
     (``conv2d``, ``depthwise_conv2d`` or ``group_conv2d``)."""

@@ -33,12 +33,7 @@ from schedule_templates.workloads import Conv2dInt8
 from tuner_service.compiler.frontend.errors import UnmappableNode
 from tuner_service.compiler.frontend.quantized_glue import plain_additions
 from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph
-from tuner_service.compiler.frontend.quantized_ops import (
-    INT8_DOMAIN,
-    INT8_INPUTS,
-    INT8_OP,
-    int8_layer_workload,
-)
+from tuner_service.compiler.frontend.quantized_ops import INT8_INPUTS, plain_int8_layer
 
 _TYPES = {"u8": onnx.TensorProto.UINT8, "s8": onnx.TensorProto.INT8}
 
@@ -91,16 +86,9 @@ def _fused(view: QuantGraph, position: int, add: onnx.NodeProto, attrs: dict[str
 def _plain_conv(layer: onnx.NodeProto) -> Conv2dInt8 | None:
     """The layer's workload when it is a ``conv2d_int8`` with an 8-bit output, no ReLU, no
     fused addition and not depthwise."""
-    if (layer.domain, layer.op_type) != (INT8_DOMAIN, INT8_OP) \
-            or len(layer.input) > INT8_INPUTS.index("add_value"):
-        return None
-    try:
-        workload = int8_layer_workload(layer)
-    except UnmappableNode:
-        return None
-    relu = next((a.i for a in layer.attribute if a.name == "relu"), 0)
-    if not isinstance(workload, Conv2dInt8) or workload.out == "f32" or relu \
-            or workload.residual != "none" or (workload.groups == workload.C > 1):
+    workload = plain_int8_layer(layer)
+    if not isinstance(workload, Conv2dInt8) or workload.residual != "none" \
+            or workload.groups == workload.C > 1:
         return None
     return workload
 
