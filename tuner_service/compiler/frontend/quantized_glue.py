@@ -13,7 +13,7 @@ even, shifted by the zero point and saturated.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,14 +33,20 @@ BINARY = {"Add": INT8_ADD, "Mul": INT8_MUL}
 _EIGHT_BIT = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)
 
 
-def plain_additions(view: QuantGraph) -> Iterator[tuple[int, onnx.NodeProto, dict[str, Any]]]:
-    """(position, node, attributes) of every ``Int8Add`` of two operands without a Relu: the
-    additions a layer before them may take into its output stage."""
+#: a rewrite that folds one plain addition into the layer before it: (view, the addition's
+#: position, the node, its attributes) -> the group that replaces both, or None
+Fold = Callable[[QuantGraph, int, onnx.NodeProto, dict[str, Any]], Group | None]
+
+
+def folded_additions(view: QuantGraph, fold: Fold) -> Iterator[Group]:
+    """``fold`` applied to every ``Int8Add`` of two operands without a Relu (the additions a
+    layer before them may take into its output stage): the groups it makes."""
     for position, node in enumerate(view.graph.node):
         if node.domain == INT8_DOMAIN and node.op_type == INT8_ADD and len(node.input) == 2:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            if not attrs.get("relu", 0):
-                yield position, node, attrs
+            group = None if attrs.get("relu", 0) else fold(view, position, node, attrs)
+            if group is not None:
+                yield group
 
 
 def int8_add_groups(view: QuantGraph) -> Iterator[Group]:

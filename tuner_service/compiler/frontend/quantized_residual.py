@@ -31,7 +31,7 @@ from schedule_templates.errors import ScheduleError
 from schedule_templates.quant_add import FusedAdd
 from schedule_templates.workloads import Conv2dInt8
 from tuner_service.compiler.frontend.errors import UnmappableNode
-from tuner_service.compiler.frontend.quantized_glue import plain_additions
+from tuner_service.compiler.frontend.quantized_glue import folded_additions
 from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph
 from tuner_service.compiler.frontend.quantized_ops import INT8_INPUTS, plain_int8_layer
 
@@ -41,10 +41,7 @@ _TYPES = {"u8": onnx.TensorProto.UINT8, "s8": onnx.TensorProto.INT8}
 def fused_residual_adds(view: QuantGraph) -> Iterator[Group]:
     """One group per ``Int8Add`` whose first operand is a plain ``conv2d_int8`` layer's
     output that only it reads: the layer with the addition fused, in the addition's place."""
-    for position, add, attrs in plain_additions(view):
-        group = _fused(view, position, add, attrs)
-        if group is not None:
-            yield group
+    return folded_additions(view, _fused)
 
 
 def _fused(view: QuantGraph, position: int, add: onnx.NodeProto, attrs: dict[str, Any]
