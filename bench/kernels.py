@@ -42,6 +42,7 @@ from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import (
     Conv2d,
+    Conv2dBf16,
     Conv2dInt8,
     Dense,
     DepthwiseConv2d,
@@ -88,8 +89,9 @@ def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
 
 
 def low_precision_keys(key: str) -> dict[str, str]:
-    """column -> the low-precision twin of a plain fp32 key: int8 and bf16 for dense, int8
-    for every convolution (same geometry, groups carried over); none for the rest."""
+    """column -> the low-precision twin of a plain fp32 key: int8 and bf16 for dense and
+    for ordinary and grouped convolutions, int8 for depthwise ones (same geometry, groups
+    carried over); none for the rest."""
     workload = parse_workload(key)
     if workload.epilogue_spec:
         return {}
@@ -104,7 +106,12 @@ def low_precision_keys(key: str) -> dict[str, str]:
         int8 = Conv2dInt8(workload.N, workload.C, workload.H, workload.W, workload.R,
                           workload.S, workload.stride, workload.pad, workload.dilation,
                           K=channels, groups=groups)
-        return {"int8": int8.key}
+        if isinstance(workload, DepthwiseConv2d):
+            return {"int8": int8.key}
+        bf16 = Conv2dBf16(workload.N, workload.C, workload.H, workload.W, workload.R,
+                          workload.S, workload.stride, workload.pad, workload.dilation,
+                          K=channels, groups=groups)
+        return {"int8": int8.key, "bf16": bf16.key}
     return {}
 
 

@@ -17,15 +17,10 @@ per-word tap offsets are a constant input computed at pack time.
 Depthwise layers (one input channel per group) have a kernel of their own
 (``x86_depthwise_int8``): on this nest three quarters of each word would be padding.
 
-On small maps the dropped columns are much of the work (7x7: 64 columns for 49 pixels; 14x14
-with a 3x3 window: 224 for 196), so the space has a second orientation, ``pk_tile=RxW``: rows are
-the real output pixels (a pixel's word of the phased input broadcast, its address computed per
-row, so no column is dropped) and columns are output channels (16 per register, the weights
-packed in panels as ``dense_int8``'s), R pixels by W channels per register tile (``tile_m`` and
-``tile_n`` mean nothing there and take one value, so no two valid configs are one kernel). Its
-stores go one byte at a time into NCHW (a register holds 16 channels of one pixel), which pays
-where each output takes many reduction words: the default takes it where that cost is below
-the dropped columns' (VNNI hosts).
+On small maps the dropped columns are much of the work (7x7: 64 columns for 49 pixels), so the
+space has a second orientation, pixel rows (``pk_tile=RxW``, ``x86_pixel_rows``): rows are the
+real output pixels and columns output channels, stored one byte at a time into NCHW; the
+default takes it where that beats the dropped columns (VNNI hosts).
 """
 
 from __future__ import annotations
@@ -41,16 +36,14 @@ from schedule_templates.ir.nodes import (
     Kernel,
     Scope,
     Stmt,
-    binop,
     cast,
     loop,
     store,
 )
-from schedule_templates.space import ChoiceKnob, Config, ConfigSpace
+from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
-from schedule_templates.templates.choose import LANES
 from schedule_templates.templates.requantize import (
     OUT_DTYPES,
     ResidualBuffers,
@@ -66,26 +59,24 @@ from schedule_templates.templates.x86_depthwise_int8 import (
 )
 from schedule_templates.templates.x86_dot_gemm import (
     VNNI,
-    DotInstruction,
     as_words,
     dot_default,
     dot_nest,
     dot_space,
-    pack_panels,
     padded_k,
     partial_buffer,
     typed,
 )
 from schedule_templates.templates.x86_int8_phases import Geometry, phase_stage
 from schedule_templates.templates.x86_int8_stages import copy_rows
+from schedule_templates.templates.x86_pixel_rows import (
+    default_with_pixel_rows,
+    pack_pixel_row_weights,
+    pixel_rows_nest,
+    pk_tile,
+    with_pixel_rows,
+)
 from schedule_templates.workloads import Conv2dInt8, Workload
-
-#: the ``pk_tile`` knob: ``none`` (channel rows, what the template did before) or pixel rows,
-#: ``RxW``: R pixels by W output channels per register tile
-PK_TILES = ("none", "6x64", "4x64", "5x64", "7x32", "8x32", "6x32", "4x32", "12x16")
-#: what one pixel-row register of 16 channels costs to store into NCHW, one byte per lane, in
-#: reduction words' time (the pk default weighs it against the dropped columns it saves)
-PK_STORE_WORDS = 16
 
 
 @register
@@ -102,19 +93,7 @@ class Conv2dInt8X86(Template):
         if is_depthwise(wl):
             return depthwise_space(geo.columns)
         plain = dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
-        kg = wl.group_out
-
-        def fits(cfg: Config) -> bool:
-            tile = pk_tile(cfg)
-            if tile is None:
-                return plain.constraint is not None and plain.constraint(cfg)
-            # pixel rows use neither tile_m nor tile_n: one value each, no duplicate kernels
-            return (kg % tile[1] == 0 and cfg["tile_m"] == (kg, 1, 1)
-                    and cfg["tile_n"] == (geo.columns // LANES, 1, LANES)
-                    and cfg["tile_k"][2] <= x86_dot_gemm.MAX_KU)
-
-        return ConfigSpace((*plain.knobs, ChoiceKnob("pk_tile", PK_TILES, appended=True)),
-                           constraint=fits)
+        return with_pixel_rows(plain, wl.group_out, geo.columns)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Conv2dInt8)
@@ -124,13 +103,7 @@ class Conv2dInt8X86(Template):
             return depthwise_default(space, geo.columns)
         inst = x86_dot_gemm.int8_instruction()
         plain = dot_default(space, wl.group_out, geo.columns, geo.reduction, inst)
-        pk = _pixel_rows_default(wl, geo, inst)
-        if pk is None:
-            return plain
-        return space.from_entities({
-            **{name: value for name, _, value in plain.entities},
-            "tile_m": (wl.group_out, 1, 1), "tile_n": (geo.columns // LANES, 1, LANES),
-            "pk_tile": pk})
+        return default_with_pixel_rows(space, plain, geo, inst)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dInt8)
@@ -176,25 +149,13 @@ class Conv2dInt8X86(Template):
 
         ng, images_loop = loop("ng", wl.N * wl.groups)
         n, g = ng // wl.groups, ng % wl.groups
-        prepare = phase_stage(wl, geo, data, data_zp, phased, n, g)
+        prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g)
         if tile is not None:
-            pixels = wl.out_h * wl.out_w
-            tiling = _pixel_rows_tiling(config, tile, pixels, kg)
-            partial = partial_buffer(tiling, tiling["tile_m"][0] * tiling["tile_m"][2], kg,
-                                     inst)
-
-            def pixel(m: Expr) -> Expr:  # row m's column in a phase plane (last row repeated)
-                q = binop("min", m, pixels - 1)
-                return (q // wl.out_w) * geo.phase_w + q % wl.out_w
-
-            def finish_pixel(acc: Expr, m: Expr, j: Expr) -> Stmt:
-                at = (m // wl.out_w, m % wl.out_w)
+            def finish_pixel(acc: Expr, j: Expr, at: tuple[Expr, Expr]) -> Stmt:
                 return store(out[n, g * kg + j, at[0], at[1]], output(acc, g * kg + j, at))
 
-            nest = dot_nest(tiling, inst,
-                            a=lambda m, w: phased[cast("int64", taps[w]) + pixel(m)],
-                            b=lambda p, w, j: weight[g, p, w, j], finish=finish_pixel,
-                            partial=partial, rows=pixels)
+            nest, partial = pixel_rows_nest(config, geo, inst, phased, taps, weight, g,
+                                            finish_pixel)
             workspaces = (phased, *(() if partial is None else (partial,)))
             return Kernel("conv2d_int8_x86", params, workspaces,
                           (images_loop(prepare, nest),))
@@ -264,56 +225,8 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
     values[..., :wl.group_in] = weight.transpose(0, 2, 3, 1)
     tile = pk_tile(config)
     if tile is not None:
-        width = tile[1]
-        rows = values.reshape(wl.groups, wl.group_out, -1)
-        panels = np.stack([pack_panels(rows[g], width, geo.inst.per_word)
-                           for g in range(wl.groups)])
-        return as_words(panels).reshape(wl.groups, wl.group_out // width, geo.words, width)
+        return pack_pixel_row_weights(values, wl.groups, tile[1], geo.inst)
     words = as_words(values).reshape(wl.groups, wl.group_out, geo.words)
     return np.ascontiguousarray(words)
 
-
-def pk_tile(config: Config) -> tuple[int, int] | None:
-    """(pixels, channels) of a pixel-row config's register tile; None for channel rows."""
-    value = str(config["pk_tile"])
-    return None if value == "none" else pk_tile_of(value)
-
-
-def _pixel_rows_tiling(config: Config, tile: tuple[int, int], pixels: int, kg: int) -> Config:
-    """A pixel-row config as the tiling ``dot_nest`` reads: rows are pixels (``tile[0]`` per
-    register tile, the last tile's extra rows computed and not stored), columns channels."""
-    rows, width = tile
-    tiles = -(-pixels // rows)
-    entities = {"tile_m": (tiles, 1, rows), "tile_n": (kg // width, 1, width),
-                "tile_k": config["tile_k"], "outer_order": config["outer_order"],
-                "inner_order": config["inner_order"], "parallel": config["parallel"]}
-    return Config(config.index, tuple((name, "sp" if name.startswith("tile") else "ot", value)
-                                      for name, value in entities.items()))
-
-
-def _pixel_rows_default(wl: Conv2dInt8, geo: Geometry, inst: DotInstruction) -> str | None:
-    """The ``pk_tile`` where pixel rows beat channel rows for ``wl``, else None: the
-    columns the default orientation computes against the pixels rounded up to whole tiles,
-    each output paying its lane-by-lane store on top of its reduction words."""
-    kg = wl.group_out
-    if inst is not VNNI or kg % LANES:
-        return None
-    pixels = wl.out_h * wl.out_w
-    # fewest rows computed, then the most accumulators, then the widest: ResNet-50's 7x7 maps
-    # (49 pixels) run best as 7 x 32, its 14x14 ones as 4 x 64 or 7 x 32 (Zen 4, int8 layers
-    # timed alone: 1.11-1.29x the channel-row default)
-    tiles = [(r, w) for r, w in map(pk_tile_of, PK_TILES[1:]) if kg % w == 0]
-    if not tiles:
-        return None
-    rows, width = min(tiles, key=lambda rw: (-(-pixels // rw[0]) * rw[0], -rw[0] * rw[1],
-                                             -rw[1]))
-    computed = -(-pixels // rows) * rows
-    if computed * (geo.words + PK_STORE_WORDS) >= 0.97 * geo.columns * geo.words:
-        return None
-    return f"{rows}x{width}"
-
-
-def pk_tile_of(value: str) -> tuple[int, int]:
-    rows, width = value.split("x")
-    return int(rows), int(width)
 

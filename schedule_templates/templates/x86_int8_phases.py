@@ -1,11 +1,12 @@
-"""The input stage of ``conv2d_int8.x86``: where the phases of the padded input lie, and the
-kernel stage that writes them.
+"""The input stage of ``conv2d_int8.x86`` and ``conv2d_bf16.x86``: where the phases of the
+padded input lie, and the kernel stage that writes them.
 
 Before the GEMM, a group's input is rewritten once into words of consecutive channels (4 bytes,
 or two 16-bit values for ``vpmaddwd``), padded with the activation zero point and split into
 ``stride_h * stride_w`` phases (every ``stride``-th row and column), so that tap ``(r, s)``
 reads one phase at a fixed offset from the output pixel and the 16 lanes of a load are 16
-consecutive words whatever the stride or dilation (``x86_conv2d_int8``).
+consecutive words whatever the stride or dilation (``x86_conv2d_int8``). The bf16 convolution
+packs two channels' bfloat16 bits per word (rounded from fp32 here) and pads with 0.0.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.templates.x86_dot_gemm import VNNI, DotInstruction, padded_k, padded_n
 from schedule_templates.templates.x86_int8_stages import vector_walk
-from schedule_templates.workloads import Conv2dInt8
+from schedule_templates.workloads import Conv2dBf16, Conv2dInt8
 
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
     """Where everything lies: phases of the padded input, columns, reduction words."""
 
-    wl: Conv2dInt8
+    wl: Conv2dInt8 | Conv2dBf16
     inst: DotInstruction
 
     @property
@@ -71,8 +72,10 @@ class Geometry:
 
     @property
     def reduction(self) -> int:
-        """Values reduced per output (taps x padded channels), a multiple of 4."""
-        return self.wl.R * self.wl.S * padded_k(self.wl.group_in, VNNI)
+        """Values reduced per output (taps x padded channels): a multiple of 4 for the int8
+        instructions, whatever the host (their spaces are the same), of 2 for bf16."""
+        inst = self.inst if self.inst.acc_dtype == "float32" else VNNI
+        return self.wl.R * self.wl.S * padded_k(self.wl.group_in, inst)
 
     @property
     def words(self) -> int:
@@ -112,10 +115,12 @@ class Geometry:
 
 
 
-def phase_stage(wl: Conv2dInt8, geo: Geometry, data: Buffer, data_zp: Buffer,
-                 phased: Buffer, n: Expr, g: Expr) -> Stmt:
+def phase_stage(wl: Conv2dInt8 | Conv2dBf16, geo: Geometry, data: Buffer, pad: Expr,
+                phased: Buffer, n: Expr, g: Expr,
+                encode: Callable[[Expr], Expr] = lambda value: cast("int32", value)) -> Stmt:
     """Image n, group g -> ``phased[phase][channel word][y * Wh + x]``: the padded input's
-    ``(y * sh + ph, x * sw + pw)``, the zero point where that is padding.
+    ``(y * sh + ph, x * sw + pw)`` as ``encode`` gives it (an int32 below ``2 ** (32 / per_word)``;
+    by default a u8 byte's value), ``pad`` where that is padding.
 
     Threaded over (channel word, phase, row) and vectorized along the row: each lane reads
     the ``per_word`` channels of one pixel from their planes (contiguous along the row for
@@ -144,13 +149,13 @@ def phase_stage(wl: Conv2dInt8, geo: Geometry, data: Buffer, data_zp: Buffer,
     def byte(c: Expr, x: Expr, border: bool) -> Expr:
         ix = x * sw + phase % sw - left
         column = binop("min", binop("max", ix, 0), wl.W - 1) if border else ix
-        value: Expr = cast("int32", data[n, g * wl.group_in + binop("min", c, wl.group_in - 1),
-                                          cy, column])
+        value: Expr = encode(data[n, g * wl.group_in + binop("min", c, wl.group_in - 1),
+                                cy, column])
         inside = binop("and", ix >= 0, ix < wl.W) if border else None
         if rows_padded:
             inside = row_inside if inside is None else binop("and", row_inside, inside)
         if inside is not None:
-            value = Select(inside, value, data_zp[0])
+            value = Select(inside, value, pad)
         if wl.group_in % per:  # the last word's channels past the group's are zero
             value = Select(c < wl.group_in, value, Const(0, "int32"))
         return value

@@ -7,6 +7,7 @@ from schedule_templates.workloads.base import (
     workload_class,
     workload_ops,
 )
+from schedule_templates.workloads.bf16_conv import Conv2dBf16
 from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d, GroupConv2d
 from schedule_templates.workloads.conv_nchwc import Conv2dNCHWc, DepthwiseConv2dNCHWc
 from schedule_templates.workloads.gemm import BatchMatmul, Dense
@@ -16,6 +17,7 @@ from schedule_templates.workloads.quant_conv import Conv2dInt8
 __all__ = [
     "BatchMatmul",
     "Conv2d",
+    "Conv2dBf16",
     "Conv2dInt8",
     "Conv2dNCHWc",
     "Dense",

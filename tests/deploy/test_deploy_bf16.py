@@ -1,4 +1,5 @@
-"""``tuner build --precision bf16``: dense layers on bfloat16 products, fp32 between layers.
+"""``tuner build --precision bf16``: dense and convolution layers on bfloat16 products, fp32
+between layers.
 
 Which layers are cast is decided from shapes alone (tested everywhere); building and running
 needs AVX-512 BF16 and skips, with the reason, on CPUs without it."""
@@ -10,10 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import helper
 
 from schedule_templates.codegen.llvm_jit import host_features
+from schedule_templates.templates.choose import host_registers
+from schedule_templates.templates.x86_winograd import default_winograd
 from schedule_templates.workloads import parse_workload
-from tests.deploy.conftest import onnxruntime_outputs
+from tests.deploy.conftest import make_model, onnxruntime_outputs
 from tuner_service.cli.main import main
 from tuner_service.compiler.deploy import library as library_module
 from tuner_service.compiler.deploy.configs import ConfigBook
@@ -36,12 +40,27 @@ needs_bf16 = pytest.mark.skipif("+avx512bf16" not in host_features().split(","),
     ("dense:M=1,N=1000,K=512,epilogue=bias", None),  # N not whole 16-lane registers
     ("dense:M=4,N=32,K=7", None),  # K not whole pairs
     ("batch_matmul:B=12,M=128,N=128,K=64", None),  # two activations: no bf16 template yet
-    ("conv2d:N=1,C=8,H=6,W=6,K=16,R=3,S=3,pad=1", None),
+    ("conv2d:N=1,C=8,H=6,W=6,K=16,R=3,S=3,pad=1",
+     "conv2d_bf16:N=1,C=8,H=6,W=6,K=16,R=3,S=3,pad=1"),
+    ("conv2d:N=1,C=64,H=56,W=56,K=256,R=1,S=1,epilogue=bias+residual+relu",
+     "conv2d_bf16:N=1,C=64,H=56,W=56,K=256,R=1,S=1,epilogue=bias+residual+relu"),
+    ("depthwise_conv2d:N=1,C=32,H=14,W=14,R=3,S=3,pad=1", None),
+    ("group_conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,pad=1,groups=4", None),
 ])
 def test_which_layers_bf16_casts(key: str, expected: str | None) -> None:
     workload = parse_workload(key)
     assert at_precision(workload, "fp32") is workload
     assert at_precision(workload, "bf16").key == (expected or key)
+
+
+def test_a_winograd_layer_keeps_fp32() -> None:
+    # a 3x3 layer whose fp32 default is Winograd does a quarter to half the multiplies: that
+    # beats bf16's twice the rate, so it stays fp32
+    key = "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1,epilogue=bias+relu"
+    workload = parse_workload(key)
+    winograd = default_winograd(workload, host_registers())  # type: ignore[arg-type]
+    expected = key if winograd is not None else key.replace("conv2d:", "conv2d_bf16:")
+    assert at_precision(workload, "bf16").key == expected
 
 
 def test_an_unknown_precision_is_refused() -> None:
@@ -79,6 +98,47 @@ def test_bf16_bert_block_is_close_to_fp32_and_really_bf16(tmp_path: Path) -> Non
         for name, want in expected.items():
             error = float(np.max(np.abs(ours[name] - want))) / float(np.max(np.abs(want)))
             # bf16 keeps 8 bits of mantissa: well off fp32's 1e-6, well within 1e-2
+            assert 1e-5 < error < 1e-2, (name, error)
+
+
+def conv_model() -> object:
+    """3x3 conv + ReLU, a 1x1 conv whose sum with the first one's output is fused, a depthwise
+    conv (stays fp32), and a strided 3x3 conv (odd channel count on the way in)."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"]),
+        helper.make_node("Add", ["c2", "r1"], ["s2"]),
+        helper.make_node("Relu", ["s2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "wd"], ["d3"], group=16, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d3", "w4", "b4"], ["y"], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+    ]
+    weights = {"w1": w(16, 5, 3, 3), "b1": w(16), "w2": w(16, 16, 1, 1), "b2": w(16),
+               "wd": w(16, 1, 3, 3), "w4": w(24, 16, 3, 3), "b4": w(24)}
+    return make_model(nodes, {"x": (1, 5, 20, 18)}, {"y": None}, weights)
+
+
+@needs_bf16
+def test_bf16_convolutions_are_close_to_fp32_and_really_bf16(tmp_path: Path) -> None:
+    model = conv_model()
+    manifest = build_library(model, ConfigBook(), tmp_path / "lib", precision="bf16")
+    ops = sorted(parse_workload(layer["workload"]).op for layer in manifest["layers"])
+    assert ops == ["conv2d_bf16", "conv2d_bf16", "conv2d_bf16", "depthwise_conv2d"]
+    fused = [layer["workload"] for layer in manifest["layers"]
+             if "residual" in layer["workload"]]
+    assert fused and fused[0].startswith("conv2d_bf16:")  # the addition stays fused
+    for threads in (1, 2):
+        runner = ModelRunner(model, KernelLibrary(tmp_path / "lib"), threads)
+        feeds = runner.random_feeds(0)
+        ours, expected = runner.run(feeds), onnxruntime_outputs(model, feeds)
+        for name, want in expected.items():
+            error = float(np.max(np.abs(ours[name] - want))) / float(np.max(np.abs(want)))
             assert 1e-5 < error < 1e-2, (name, error)
 
 

@@ -190,7 +190,7 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "generated_kernels": len(manifest.get("generated", [])),
         "int8_kernels": len(manifest.get("int8_kernels", [])),
         "precision": manifest.get("precision", "fp32"),
-        "bf16_layers": sum(str(layer["workload"]).startswith("dense_bf16:")
+        "bf16_layers": sum(str(layer["workload"]).split(":")[0].endswith("_bf16")
                            for layer in manifest["layers"]),
         "threads": manifest["threads"],
         "tuned_threads": manifest.get("tuned_threads"),

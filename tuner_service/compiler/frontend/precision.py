@@ -1,10 +1,14 @@
 """Compute precision of a model's tunable layers: ``fp32`` (as exported) or ``bf16``.
 
 With ``bf16`` every ``dense`` layer (a Gemm or MatMul with a constant weight) whose shape the
-bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with ``data=f32``:
-the same inputs, fused epilogue and fp32 output, the products on bfloat16 values summed in fp32
-(weights rounded once at pack time, activations inside the kernel). Tensors between layers stay
-fp32, so nothing else in the plan changes. Other layers keep fp32 (``tuner build --json``
+bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with ``data=f32``,
+and every ``conv2d`` layer becomes ``conv2d_bf16`` except where this host's fp32 default is a
+Winograd kernel (3x3, stride 1, enough tiles: it does a quarter to a half of the multiplies,
+which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 to 14x14 ran 1.2-1.8x
+faster so, Zen 4): the same inputs, fused epilogue and fp32 output, the products on bfloat16
+values summed in fp32 (weights rounded once at pack time, activations inside the kernel).
+Tensors between layers stay fp32, so nothing else in the plan changes. Other layers
+(depthwise and grouped convolutions, attention products) keep fp32 (``tuner build --json``
 reports ``bf16_layers``). It is a choice of the user's (``tuner build --precision bf16``): the
 error it brings (about 3 significant digits per product) is what bf16 inference accepts, and
 whether it is faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
@@ -15,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from schedule_templates.workloads import DenseBf16, Workload
+from schedule_templates.templates.choose import host_registers
+from schedule_templates.templates.x86_winograd import default_winograd
+from schedule_templates.workloads import Conv2d, Conv2dBf16, DenseBf16, Workload
 from tuner_service.compiler.frontend.errors import ModelError
 from tuner_service.compiler.frontend.fusion import Layer
 
@@ -33,7 +39,14 @@ def at_precision(workload: Workload, precision: str) -> Workload:
     """The workload that computes ``workload``'s layer at ``precision`` (itself where that
     precision has no template for it)."""
     check_precision(precision)
-    if precision == "fp32" or workload.op != "dense":
+    if precision == "fp32":
+        return workload
+    if isinstance(workload, Conv2d):
+        if default_winograd(workload, host_registers()) is not None:
+            return workload
+        fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
+        return Conv2dBf16(**fields)
+    if workload.op != "dense":
         return workload
     m, n, k = (getattr(workload, name) for name in ("M", "N", "K"))
     if n % _LANES or k % 2:

@@ -1,0 +1,147 @@
+"""x86 template for ``conv2d_bf16``: a direct convolution on ``x86_dot_gemm``'s bf16 nest.
+
+The int8 convolution's scheme (``x86_conv2d_int8``) with ``vdpbf16ps`` for ``vpdpbusd``: for
+each image and group one GEMM whose rows are the group's output channels (their weights, rounded
+to bfloat16 at pack time, two consecutive input channels per 32-bit word, broadcast) and whose
+columns are output pixels (16 words of the phased input per load), reduced over taps and
+channel pairs into fp32 sums. The phase stage rounds the fp32 input to bfloat16 as it packs it
+(``x86_int8_phases.phase_stage``; padding is 0.0), so the data is read once at fp32 and the
+nest moves half the bytes. Columns are phase-width rows rounded up to whole registers: where
+that computes more pixels than the output has, the tiles go to a workspace and the fused
+epilogue is applied on the copy of the real pixels into NCHW; otherwise it is applied in the
+register tile and stored in place. On small maps (7x7: 64 columns for 49 pixels) the space's
+second orientation, pixel rows (``x86_pixel_rows``), computes only the real pixels.
+
+Against fp32 FMAs each instruction does twice the multiplies, so a layer whose fp32 kernel runs
+near the FMA peak can run up to twice as fast on CPUs whose BF16 unit issues like their FMAs
+(AMD Zen 4/5); see ``x86_dense_bf16`` for the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from schedule_templates.ir.nodes import Buffer, Const, Expr, Kernel, Scope, Stmt, cast, loop, store
+from schedule_templates.space import Config, ConfigSpace
+from schedule_templates.templates.base import Template, register
+from schedule_templates.templates.base import as_workload as _as
+from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
+from schedule_templates.templates.x86_dot_gemm import (
+    BF16,
+    as_words,
+    dot_default,
+    dot_nest,
+    dot_space,
+    padded_k,
+    partial_buffer,
+)
+from schedule_templates.templates.x86_int8_phases import Geometry, phase_stage
+from schedule_templates.templates.x86_int8_stages import copy_rows
+from schedule_templates.templates.x86_pixel_rows import (
+    default_with_pixel_rows,
+    pack_pixel_row_weights,
+    pixel_rows_nest,
+    pk_tile,
+    with_pixel_rows,
+)
+from schedule_templates.workloads import Conv2dBf16, Workload
+from schedule_templates.workloads.lowp import to_bfloat16
+
+
+@register
+class Conv2dBf16X86(Template):
+    name = "conv2d_bf16.x86"
+    op = "conv2d_bf16"
+    target_kind = "llvm"
+    version = 1
+    fuses_epilogue = True
+
+    def space(self, workload: Workload, device: Mapping[str, object] | None = None
+              ) -> ConfigSpace:
+        wl = _as(workload, Conv2dBf16)
+        geo = Geometry(wl, BF16)
+        plain = dot_space(wl.group_out, geo.columns, geo.reduction, BF16)
+        return with_pixel_rows(plain, wl.group_out, geo.columns)
+
+    def default_config(self, workload: Workload) -> Config:
+        wl = _as(workload, Conv2dBf16)
+        geo = Geometry(wl, BF16)
+        space = self.space(wl)
+        plain = dot_default(space, wl.group_out, geo.columns, geo.reduction, BF16)
+        return default_with_pixel_rows(space, plain, geo, BF16)
+
+    def lower(self, workload: Workload, config: Config) -> Kernel:
+        wl = _as(workload, Conv2dBf16)
+        geo = Geometry(wl, BF16)
+        nr, kg, tile = config["tile_n"][2], wl.group_out, pk_tile(config)
+        data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
+        weight = (Buffer("weight_packed", (wl.groups, kg // tile[1], geo.words, tile[1]),
+                         dtype="int32") if tile is not None
+                  else Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32"))
+        taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
+        out = Buffer("out", wl.output_shape())
+        epilogue = epilogue_stage(wl)
+        phased = Buffer("phased", (geo.phases * geo.channel_words * geo.plane,),
+                        Scope.WORKSPACE, "int32")
+        tiles = Buffer("tiles", (kg, geo.columns), Scope.WORKSPACE)
+        partial = partial_buffer(config, kg, geo.columns, BF16)
+
+        ng, images_loop = loop("ng", wl.N * wl.groups)
+        n, g = ng // wl.groups, ng % wl.groups
+        prepare = phase_stage(wl, geo, data, Const(0, "int32"), phased, n, g,
+                              encode=lambda value: cast("int32", cast("bfloat16", value)))
+        params = (data, weight, taps, *epilogue.buffers, out)
+        if tile is not None:
+            def finish_pixel(acc: Expr, j: Expr, at: tuple[Expr, Expr]) -> Stmt:
+                index = (n, g * kg + j, at[0], at[1])
+                return store(out[index], epilogue.apply(acc, g * kg + j, index)
+                             if wl.epilogue else acc)
+
+            nest, partial = pixel_rows_nest(config, geo, BF16, phased, taps, weight, g,
+                                            finish_pixel)
+            return Kernel("conv2d_bf16_x86", params,
+                          (phased, *(() if partial is None else (partial,))),
+                          (images_loop(prepare, nest),))
+
+        def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
+            k = g * kg + m
+            if geo.in_place:
+                at = (n, k, Const(0), q)
+                return store(out[at], epilogue.apply(acc, k, at) if wl.epilogue else acc)
+            return store(tiles[m, q], acc)  # the epilogue runs on the copy (real pixels only)
+
+        nest = dot_nest(config, BF16, a=lambda m, w: weight[g, m, w],
+                        b=lambda p, w, j: phased[cast("int64", taps[w]) + p * nr + j],
+                        finish=finish, partial=partial, swap=True)
+        body: list[Stmt] = [prepare, nest]
+        if not geo.in_place:
+            oh_count, ow_stride = wl.out_h, geo.phase_w
+
+            def copied(row: Expr, ow: Expr) -> Expr:
+                k, oh = g * kg + row // oh_count, row % oh_count
+                value = tiles[row // oh_count, oh * ow_stride + ow]
+                return epilogue.apply(value, k, (n, k, oh, ow)) if wl.epilogue else value
+
+            body.append(copy_rows(
+                copied, lambda row, ow: out[n, g * kg + row // oh_count, row % oh_count, ow],
+                kg * wl.out_h, wl.out_w))
+        workspaces = (phased, *(() if geo.in_place else (tiles,)),
+                      *(() if partial is None else (partial,)))
+        return Kernel("conv2d_bf16_x86", params, workspaces, (images_loop(*body),))
+
+    def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
+             ) -> dict[str, np.ndarray]:
+        wl = _as(workload, Conv2dBf16)
+        geo = Geometry(wl, BF16)
+        weight = np.asarray(inputs["weight"], dtype=np.float32)
+        # [K][R][S][channels padded to pairs] of bf16 bits: the reduction's order, 2 per word
+        values = np.zeros((wl.K, wl.R, wl.S, padded_k(wl.group_in, BF16)), dtype=np.uint16)
+        values[..., :wl.group_in] = to_bfloat16(weight.transpose(0, 2, 3, 1))
+        tile = pk_tile(config)
+        packed = (pack_pixel_row_weights(values, wl.groups, tile[1], BF16) if tile is not None
+                  else as_words(values).reshape(wl.groups, wl.group_out, geo.words))
+        return {"data": np.asarray(inputs["data"], dtype=np.float32),
+                "weight_packed": np.ascontiguousarray(packed),
+                "tap_offsets": geo.tap_offsets(), **epilogue_arguments(wl, inputs)}
