@@ -87,7 +87,8 @@ def pixel_rows(key, pk, **entities):
     workload = parse_workload(key)
     geo = Geometry(workload, BF16)
     return {"tile_m": (workload.K // workload.groups, 1, 1),
-            "tile_n": (geo.columns // 16, 1, 16), "tile_k": (1, geo.words // 2, 2), "outer_order": "nm", "inner_order": "nm", "parallel": "mn",
+            "tile_n": (geo.columns // 16, 1, 16), "tile_k": (1, geo.words // 2, 2),
+            "outer_order": "nm", "inner_order": "nm", "parallel": "mn",
             "pk_tile": pk, **entities}
 
 

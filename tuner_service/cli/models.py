@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_input_shape_flag(extract)
     extract.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                          help="the tasks of a `tuner build --precision` library (bf16: the "
-                         "dense_bf16 and conv2d_bf16 keys to tune with `tuner tune KEY`); default fp32")
+                         "dense_bf16 and conv2d_bf16 keys to tune with `tuner tune KEY`); "
+                         "default fp32")
     add_layout_flags(extract, "the tasks of")
     extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
     extract.set_defaults(func=run_extract)
