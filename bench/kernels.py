@@ -41,6 +41,7 @@ from schedule_templates.peak import measure_peak_gflops
 from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import (
+    BatchMatmul,
     Conv2d,
     Conv2dBf16,
     Conv2dInt8,
@@ -91,13 +92,15 @@ def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
 def low_precision_keys(key: str) -> dict[str, str]:
     """column -> the low-precision twin of a plain fp32 key: int8 and bf16 for dense and
     for ordinary and grouped convolutions, int8 for depthwise ones (same geometry, groups
-    carried over); none for the rest."""
+    carried over), bf16 for batch_matmul; none for the rest."""
     workload = parse_workload(key)
     if workload.epilogue_spec:
         return {}
     if isinstance(workload, Dense):
         shape = f"M={workload.M},N={workload.N},K={workload.K}"
         return {"int8": f"dense_int8:{shape}", "bf16": f"dense_bf16:{shape}"}
+    if isinstance(workload, BatchMatmul):
+        return {"bf16": workload.key.replace("batch_matmul:", "batch_matmul_bf16:", 1)}
     if isinstance(workload, Conv2d | GroupConv2d | DepthwiseConv2d):
         groups = (workload.C if isinstance(workload, DepthwiseConv2d)
                   else getattr(workload, "groups", 1))

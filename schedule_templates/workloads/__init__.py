@@ -11,11 +11,12 @@ from schedule_templates.workloads.bf16_conv import Conv2dBf16
 from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d, GroupConv2d
 from schedule_templates.workloads.conv_nchwc import Conv2dNCHWc, DepthwiseConv2dNCHWc
 from schedule_templates.workloads.gemm import BatchMatmul, Dense
-from schedule_templates.workloads.lowp import DenseBf16, DenseInt8
+from schedule_templates.workloads.lowp import BatchMatmulBf16, DenseBf16, DenseInt8
 from schedule_templates.workloads.quant_conv import Conv2dInt8
 
 __all__ = [
     "BatchMatmul",
+    "BatchMatmulBf16",
     "Conv2d",
     "Conv2dBf16",
     "Conv2dInt8",

@@ -1,4 +1,5 @@
-"""Low-precision matrix multiplies: ``dense_int8`` (quantized) and ``dense_bf16``.
+"""Low-precision matrix multiplies: ``dense_int8`` (quantized), ``dense_bf16`` and
+``batch_matmul_bf16``.
 
 They are operators of their own, not a dtype flag on ``dense``: their inputs, outputs and
 references differ, and records of different precisions must never mix (the operator name is
@@ -286,3 +287,46 @@ class DenseBf16(Workload):
         fused = f", fused {self.epilogue.describe()}" if self.epilogue else ""
         return (f"bf16 dense {self.M}x{self.K} by {self.K}x{self.N} ({source} data, fp32 "
                 f"accumulation){fused}")
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class BatchMatmulBf16(Workload):
+    """``out[b,M,N] = bf16(x[b,M,K]) . bf16(y[b,K,N])``, fp32 accumulation: ``batch_matmul``
+    (two activations, fp32 in and out, as a model built with ``--precision bf16`` has them in
+    its attention) with both operands rounded to bfloat16 in the kernel."""
+
+    B: int
+    M: int
+    N: int
+    K: int
+
+    op: ClassVar[str] = "batch_matmul_bf16"
+    params: ClassVar[dict[str, tuple[str, Any]]] = {
+        "B": ("int", None),
+        "M": ("int", None),
+        "N": ("int", None),
+        "K": ("int", None),
+    }
+    constant_inputs: ClassVar[tuple[str, ...]] = ()
+    examples: ClassVar[tuple[str, ...]] = ("batch_matmul_bf16:B=3,M=8,N=32,K=16",
+                                           "batch_matmul_bf16:B=2,M=19,N=21,K=7",
+                                           "batch_matmul_bf16:B=1,M=6,N=48,K=64")
+
+    def input_shapes(self) -> dict[str, Shape]:
+        return {"x": (self.B, self.M, self.K), "y": (self.B, self.K, self.N)}
+
+    def output_shape(self) -> Shape:
+        return (self.B, self.M, self.N)
+
+    def flops(self) -> int:
+        return 2 * self.B * self.M * self.N * self.K
+
+    def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        x = from_bfloat16(to_bfloat16(inputs["x"])).astype(np.float64)
+        y = from_bfloat16(to_bfloat16(inputs["y"])).astype(np.float64)
+        return np.matmul(x, y).astype(np.float32)
+
+    def describe(self) -> str:
+        return (f"bf16 batch matmul {self.B} x ({self.M}x{self.K} by {self.K}x{self.N}) (fp32 "
+                "operands rounded to bf16, fp32 accumulation)")

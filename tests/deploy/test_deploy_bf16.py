@@ -39,7 +39,8 @@ needs_bf16 = pytest.mark.skipif("+avx512bf16" not in host_features().split(","),
     ("dense:M=1,N=32,K=64", "dense_bf16:M=1,N=32,K=64,data=f32"),
     ("dense:M=1,N=1000,K=512,epilogue=bias", None),  # N not whole 16-lane registers
     ("dense:M=4,N=32,K=7", None),  # K not whole pairs
-    ("batch_matmul:B=12,M=128,N=128,K=64", None),  # two activations: no bf16 template yet
+    ("batch_matmul:B=12,M=128,N=128,K=64", "batch_matmul_bf16:B=12,M=128,N=128,K=64"),
+    ("batch_matmul:B=3,M=5,N=40,K=9", None),  # too small to pay for packing both operands
     ("conv2d:N=1,C=8,H=6,W=6,K=16,R=3,S=3,pad=1",
      "conv2d_bf16:N=1,C=8,H=6,W=6,K=16,R=3,S=3,pad=1"),
     ("conv2d:N=1,C=64,H=56,W=56,K=256,R=1,S=1,epilogue=bias+residual+relu",
@@ -89,7 +90,7 @@ def test_bf16_bert_block_is_close_to_fp32_and_really_bf16(tmp_path: Path) -> Non
     ops = [parse_workload(layer["workload"]) for layer in manifest["layers"]]
     dense = [w for w in ops if w.op == "dense_bf16"]
     assert len(dense) == 6 and all(w.data == "f32" for w in dense)  # type: ignore[attr-defined]
-    assert {w.op for w in ops} == {"dense_bf16", "batch_matmul"}
+    assert {w.op for w in ops} == {"dense_bf16", "batch_matmul_bf16"}
     assert any(w.epilogue_spec.activation is not None for w in dense)  # GELU stays fused
     for threads in (1, 2):
         runner = ModelRunner(model, KernelLibrary(tmp_path / "lib"), threads)
@@ -150,7 +151,8 @@ def test_cli_builds_bf16_and_runs_it(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "lib"
     assert main(["build", str(model), "-o", str(out), "--precision", "bf16", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["precision"] == "bf16" and summary["bf16_layers"] == 6
+    # 6 dense layers and the 2 attention products
+    assert summary["precision"] == "bf16" and summary["bf16_layers"] == 8
     assert main(["run", str(model), "--library", str(out), "--iterations", "2", "--check",
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

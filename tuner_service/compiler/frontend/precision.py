@@ -4,14 +4,16 @@ With ``bf16`` every ``dense`` layer (a Gemm or MatMul with a constant weight) wh
 bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with ``data=f32``,
 and every ``conv2d`` layer becomes ``conv2d_bf16`` except where this host's fp32 default is a
 Winograd kernel (3x3, stride 1, enough tiles: it does a quarter to a half of the multiplies,
-which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 to 14x14 ran 1.2-1.8x
+which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 to 14x14 ran 1.1-1.8x
 faster so, Zen 4): the same inputs, fused epilogue and fp32 output, the products on bfloat16
 values summed in fp32 (weights rounded once at pack time, activations inside the kernel).
-Tensors between layers stay fp32, so nothing else in the plan changes. Other layers
-(depthwise and grouped convolutions, attention products) keep fp32 (``tuner build --json``
-reports ``bf16_layers``). It is a choice of the user's (``tuner build --precision bf16``): the
-error it brings (about 3 significant digits per product) is what bf16 inference accepts, and
-whether it is faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
+A ``batch_matmul`` of two activations (attention's products) becomes ``batch_matmul_bf16``,
+which rounds both inside the kernel, unless it is too small to pay for that. Tensors between
+layers stay fp32, so nothing else in the plan changes. Other layers (depthwise and grouped
+convolutions) keep fp32 (``tuner build --json`` reports ``bf16_layers``). It is a choice of
+the user's (``tuner build --precision bf16``): the error it brings (about 3 significant digits
+per product) is what bf16 inference accepts, and whether it is faster depends on the CPU
+(``schedule_templates/templates/x86_dense_bf16.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,23 @@ from collections.abc import Sequence
 
 from schedule_templates.templates.choose import host_registers
 from schedule_templates.templates.x86_winograd import default_winograd
-from schedule_templates.workloads import Conv2d, Conv2dBf16, DenseBf16, Workload
+from schedule_templates.workloads import (
+    BatchMatmul,
+    BatchMatmulBf16,
+    Conv2d,
+    Conv2dBf16,
+    DenseBf16,
+    Workload,
+)
 from tuner_service.compiler.frontend.errors import ModelError
 from tuner_service.compiler.frontend.fusion import Layer
 
 PRECISIONS = ("fp32", "bf16")
 _LANES = 16  # the bf16 template's register width in columns
+#: below this many products a bf16 batch_matmul's two packing passes cost more than its faster
+#: products save (B=3, M=5, N=40, K=9: 2.0 us against fp32's 0.5; attention's 12 x 128 x 128 x
+#: 64 runs 1.75x faster, Zen 4)
+_BF16_MIN_PRODUCTS = 1 << 20
 
 
 def check_precision(precision: str) -> None:
@@ -46,6 +59,10 @@ def at_precision(workload: Workload, precision: str) -> Workload:
             return workload
         fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
         return Conv2dBf16(**fields)
+    if isinstance(workload, BatchMatmul):
+        if workload.B * workload.M * workload.N * workload.K < _BF16_MIN_PRODUCTS:
+            return workload
+        return BatchMatmulBf16(B=workload.B, M=workload.M, N=workload.N, K=workload.K)
     if workload.op != "dense":
         return workload
     m, n, k = (getattr(workload, name) for name in ("M", "N", "K"))
