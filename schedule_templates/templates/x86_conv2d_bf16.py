@@ -37,8 +37,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     padded_k,
     partial_buffer,
 )
-from schedule_templates.templates.x86_int8_phases import Geometry, phase_stage
-from schedule_templates.templates.x86_int8_stages import copy_rows
+from schedule_templates.templates.x86_int8_phases import Geometry, copy_out, phase_stage
 from schedule_templates.templates.x86_pixel_rows import (
     default_with_pixel_rows,
     pack_pixel_row_weights,
@@ -117,16 +116,10 @@ class Conv2dBf16X86(Template):
                         finish=finish, partial=partial, swap=True)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
-            oh_count, ow_stride = wl.out_h, geo.phase_w
+            def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
+                return epilogue.apply(tile, k, (n, k, oh, ow)) if wl.epilogue else tile
 
-            def copied(row: Expr, ow: Expr) -> Expr:
-                k, oh = g * kg + row // oh_count, row % oh_count
-                value = tiles[row // oh_count, oh * ow_stride + ow]
-                return epilogue.apply(value, k, (n, k, oh, ow)) if wl.epilogue else value
-
-            body.append(copy_rows(
-                copied, lambda row, ow: out[n, g * kg + row // oh_count, row % oh_count, ow],
-                kg * wl.out_h, wl.out_w))
+            body.append(copy_out(geo, tiles, out, n, g, copied))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_bf16_x86", params, workspaces, (images_loop(*body),))

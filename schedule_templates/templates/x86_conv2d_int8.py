@@ -67,8 +67,7 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
     typed,
 )
-from schedule_templates.templates.x86_int8_phases import Geometry, phase_stage
-from schedule_templates.templates.x86_int8_stages import copy_rows
+from schedule_templates.templates.x86_int8_phases import Geometry, copy_out, phase_stage
 from schedule_templates.templates.x86_pixel_rows import (
     default_with_pixel_rows,
     pack_pixel_row_weights,
@@ -176,18 +175,10 @@ class Conv2dInt8X86(Template):
                         partial=partial, swap=True)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
-            oh_count, ow_stride = wl.out_h, geo.phase_w
+            def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
+                return tile if fused is None else fused.expr(tile, fused.residual[n, k, oh, ow])
 
-            def copied(row: Expr, ow: Expr) -> Expr:
-                tile = tiles[row // oh_count, (row % oh_count) * ow_stride + ow]
-                if fused is None:
-                    return tile
-                return fused.expr(tile, fused.residual[n, g * kg + row // oh_count,
-                                                       row % oh_count, ow])
-
-            body.append(copy_rows(
-                copied, lambda row, ow: out[n, g * kg + row // oh_count, row % oh_count, ow],
-                kg * wl.out_h, wl.out_w))
+            body.append(copy_out(geo, tiles, out, n, g, copied))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_int8_x86", params, workspaces, (images_loop(*body),))

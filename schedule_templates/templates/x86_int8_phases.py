@@ -29,7 +29,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.templates.x86_dot_gemm import VNNI, DotInstruction, padded_k, padded_n
-from schedule_templates.templates.x86_int8_stages import vector_walk
+from schedule_templates.templates.x86_int8_stages import copy_rows, vector_walk
 from schedule_templates.workloads import Conv2dBf16, Conv2dInt8
 
 
@@ -174,3 +174,20 @@ def phase_stage(wl: Conv2dInt8 | Conv2dBf16, geo: Geometry, data: Buffer, pad: E
     return rows_loop(*vector_walk(x_lo, element(True), "ph_l"),
                      *vector_walk(x_hi - x_lo, element(False), "ph", start=x_lo),
                      *vector_walk(geo.phase_w - x_hi, element(True), "ph_e", start=x_hi))
+
+
+def copy_out(geo: Geometry, tiles: Buffer, out: Buffer, n: Expr, g: Expr,
+             value: Callable[[Expr, Expr, Expr, Expr], Expr]) -> Stmt:
+    """The real pixels of group g's phase-width tiles into NCHW ``out`` of image n, each as
+    ``value(tile element, output channel, row, column)`` (the epilogue a template applies
+    where every column is a real pixel)."""
+    wl = geo.wl
+    kg, oh_count = wl.group_out, wl.out_h
+
+    def copied(row: Expr, ow: Expr) -> Expr:
+        k, oh = g * kg + row // oh_count, row % oh_count
+        return value(tiles[row // oh_count, oh * geo.phase_w + ow], k, oh, ow)
+
+    return copy_rows(copied,
+                     lambda row, ow: out[n, g * kg + row // oh_count, row % oh_count, ow],
+                     kg * oh_count, wl.out_w)
