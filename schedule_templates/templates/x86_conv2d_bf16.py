@@ -23,7 +23,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from schedule_templates.ir.nodes import Buffer, Const, Expr, Kernel, Scope, Stmt, cast, loop, store
+from schedule_templates.ir.nodes import (
+    Buffer,
+    Const,
+    Expr,
+    Kernel,
+    LoopKind,
+    Scope,
+    Stmt,
+    cast,
+    loop,
+    store,
+)
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
@@ -37,7 +48,12 @@ from schedule_templates.templates.x86_dot_gemm import (
     padded_k,
     partial_buffer,
 )
-from schedule_templates.templates.x86_int8_phases import Geometry, copy_out, phase_stage
+from schedule_templates.templates.x86_int8_phases import (
+    Geometry,
+    copy_out,
+    group_slots,
+    phase_stage,
+)
 from schedule_templates.templates.x86_pixel_rows import (
     default_with_pixel_rows,
     pack_pixel_row_weights,
@@ -82,15 +98,19 @@ class Conv2dBf16X86(Template):
         taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
         out = Buffer("out", wl.output_shape())
         epilogue = epilogue_stage(wl)
-        phased = Buffer("phased", (geo.phases * geo.channel_words * geo.plane,),
-                        Scope.WORKSPACE, "int32")
-        tiles = Buffer("tiles", (kg, geo.columns), Scope.WORKSPACE)
+        slots, size = group_slots(wl, config), geo.phases * geo.channel_words * geo.plane
+        phased = Buffer("phased", (slots * size,), Scope.WORKSPACE, "int32")
+        tiles = Buffer("tiles", (slots, kg, geo.columns), Scope.WORKSPACE)
         partial = partial_buffer(config, kg, geo.columns, BF16)
 
-        ng, images_loop = loop("ng", wl.N * wl.groups)
+        ng, images_loop = loop("ng", wl.N * wl.groups,
+                               LoopKind.PARALLEL if slots > 1 else LoopKind.SERIAL)
         n, g = ng // wl.groups, ng % wl.groups
+        slot = ng if slots > 1 else Const(0)
+        base = slot * size
         prepare = phase_stage(wl, geo, data, Const(0, "int32"), phased, n, g,
-                              encode=lambda value: cast("int32", cast("bfloat16", value)))
+                              encode=lambda value: cast("int32", cast("bfloat16", value)),
+                              base=base)
         params = (data, weight, taps, *epilogue.buffers, out)
         if tile is not None:
             def finish_pixel(acc: Expr, j: Expr, at: tuple[Expr, Expr]) -> Stmt:
@@ -99,7 +119,7 @@ class Conv2dBf16X86(Template):
                              if wl.epilogue else acc)
 
             nest, partial = pixel_rows_nest(config, geo, BF16, phased, taps, weight, g,
-                                            finish_pixel)
+                                            finish_pixel, base=base)
             return Kernel("conv2d_bf16_x86", params,
                           (phased, *(() if partial is None else (partial,))),
                           (images_loop(prepare, nest),))
@@ -109,17 +129,17 @@ class Conv2dBf16X86(Template):
             if geo.in_place:
                 at = (n, k, Const(0), q)
                 return store(out[at], epilogue.apply(acc, k, at) if wl.epilogue else acc)
-            return store(tiles[m, q], acc)  # the epilogue runs on the copy (real pixels only)
+            return store(tiles[slot, m, q], acc)  # the epilogue runs on the copy (real pixels only)
 
         nest = dot_nest(config, BF16, a=lambda m, w: weight[g, m, w],
-                        b=lambda p, w, j: phased[cast("int64", taps[w]) + p * nr + j],
+                        b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
                         finish=finish, partial=partial, swap=True)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
                 return epilogue.apply(tile, k, (n, k, oh, ow)) if wl.epilogue else tile
 
-            body.append(copy_out(geo, tiles, out, n, g, copied))
+            body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_bf16_x86", params, workspaces, (images_loop(*body),))

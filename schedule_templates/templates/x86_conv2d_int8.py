@@ -34,6 +34,7 @@ from schedule_templates.ir.nodes import (
     Const,
     Expr,
     Kernel,
+    LoopKind,
     Scope,
     Stmt,
     cast,
@@ -67,7 +68,12 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
     typed,
 )
-from schedule_templates.templates.x86_int8_phases import Geometry, copy_out, phase_stage
+from schedule_templates.templates.x86_int8_phases import (
+    Geometry,
+    copy_out,
+    group_slots,
+    phase_stage,
+)
 from schedule_templates.templates.x86_pixel_rows import (
     default_with_pixel_rows,
     pack_pixel_row_weights,
@@ -141,20 +147,23 @@ class Conv2dInt8X86(Template):
             return fused.expr(requantized_int(acc + comp[k], s, out_zp[0], wl.out),
                               fused.residual[n, k, at[0], at[1]])
 
-        phased = Buffer("phased", (geo.phases * geo.channel_words * geo.plane,),
-                        Scope.WORKSPACE, "int32")
-        tiles = Buffer("tiles", (kg, geo.columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
+        slots, size = group_slots(wl, config), geo.phases * geo.channel_words * geo.plane
+        phased = Buffer("phased", (slots * size,), Scope.WORKSPACE, "int32")
+        tiles = Buffer("tiles", (slots, kg, geo.columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
         partial = partial_buffer(config, kg, geo.columns, inst)
 
-        ng, images_loop = loop("ng", wl.N * wl.groups)
+        ng, images_loop = loop("ng", wl.N * wl.groups,
+                               LoopKind.PARALLEL if slots > 1 else LoopKind.SERIAL)
         n, g = ng // wl.groups, ng % wl.groups
-        prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g)
+        slot = ng if slots > 1 else Const(0)
+        base = slot * size
+        prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base)
         if tile is not None:
             def finish_pixel(acc: Expr, j: Expr, at: tuple[Expr, Expr]) -> Stmt:
                 return store(out[n, g * kg + j, at[0], at[1]], output(acc, g * kg + j, at))
 
             nest, partial = pixel_rows_nest(config, geo, inst, phased, taps, weight, g,
-                                            finish_pixel)
+                                            finish_pixel, base=base)
             workspaces = (phased, *(() if partial is None else (partial,)))
             return Kernel("conv2d_int8_x86", params, workspaces,
                           (images_loop(prepare, nest),))
@@ -167,10 +176,10 @@ class Conv2dInt8X86(Template):
             # any, is done on the copy, where each column is a real output pixel
             value = requantized(acc + comp[k], scale[k if wl.scale == "channel" else 0],
                                 out_zp[0], wl.out)
-            return store(tiles[m, q], value)
+            return store(tiles[slot, m, q], value)
 
         nest = dot_nest(config, inst, a=lambda m, w: weight[g, m, w],
-                        b=lambda p, w, j: phased[cast("int64", taps[w]) + p * nr + j],
+                        b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
                         finish=finish,
                         partial=partial, swap=True)
         body: list[Stmt] = [prepare, nest]
@@ -178,7 +187,7 @@ class Conv2dInt8X86(Template):
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
                 return tile if fused is None else fused.expr(tile, fused.residual[n, k, oh, ow])
 
-            body.append(copy_out(geo, tiles, out, n, g, copied))
+            body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_int8_x86", params, workspaces, (images_loop(*body),))

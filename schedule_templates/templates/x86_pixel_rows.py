@@ -94,10 +94,10 @@ def pixel_rows_default(geo: Geometry, inst: DotInstruction) -> str | None:
 
 
 def pixel_rows_nest(config: Config, geo: Geometry, inst: DotInstruction, phased: Buffer,
-                    taps: Buffer, weight: Buffer, g: Expr, store_output: StoreOutput
-                    ) -> tuple[Stmt, Buffer | None]:
-    """The pixel-row GEMM of group ``g`` (weights ``[groups][kg/W][words][W]``) and the
-    partial-sum workspace it needs, if any."""
+                    taps: Buffer, weight: Buffer, g: Expr, store_output: StoreOutput,
+                    base: Expr | int = 0) -> tuple[Stmt, Buffer | None]:
+    """The pixel-row GEMM of group ``g`` (weights ``[groups][kg/W][words][W]``, its phased
+    input at ``base``) and the partial-sum workspace it needs, if any."""
     wl = geo.wl
     tile = pk_tile(config)
     assert tile is not None
@@ -112,7 +112,8 @@ def pixel_rows_nest(config: Config, geo: Geometry, inst: DotInstruction, phased:
     def finish(acc: Expr, m: Expr, j: Expr) -> Stmt:
         return store_output(acc, j, (m // wl.out_w, m % wl.out_w))
 
-    nest = dot_nest(tiling, inst, a=lambda m, w: phased[cast("int64", taps[w]) + pixel(m)],
+    nest = dot_nest(tiling, inst,
+                    a=lambda m, w: phased[base + cast("int64", taps[w]) + pixel(m)],
                     b=lambda p, w, j: weight[g, p, w, j], finish=finish, partial=partial,
                     rows=pixels)
     return nest, partial

@@ -46,7 +46,8 @@ needs_bf16 = pytest.mark.skipif("+avx512bf16" not in host_features().split(","),
     ("conv2d:N=1,C=64,H=56,W=56,K=256,R=1,S=1,epilogue=bias+residual+relu",
      "conv2d_bf16:N=1,C=64,H=56,W=56,K=256,R=1,S=1,epilogue=bias+residual+relu"),
     ("depthwise_conv2d:N=1,C=32,H=14,W=14,R=3,S=3,pad=1", None),
-    ("group_conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,pad=1,groups=4", None),
+    ("group_conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,pad=1,groups=4",
+     "conv2d_bf16:N=1,C=32,H=14,W=14,K=32,R=3,S=3,pad=1,groups=4"),
 ])
 def test_which_layers_bf16_casts(key: str, expected: str | None) -> None:
     workload = parse_workload(key)

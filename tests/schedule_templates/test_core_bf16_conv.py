@@ -7,7 +7,7 @@ import pytest
 
 from schedule_templates.templates.base import get_template
 from schedule_templates.templates.x86_dot_gemm import BF16
-from schedule_templates.templates.x86_int8_phases import Geometry
+from schedule_templates.templates.x86_int8_phases import Geometry, group_slots
 from schedule_templates.workloads import parse_workload
 from schedule_templates.workloads.lowp import from_bfloat16, to_bfloat16
 from tests.schedule_templates.test_core_lowp import needs_bf16, run
@@ -116,3 +116,27 @@ def test_small_maps_default_to_pixel_rows():
     large = parse_workload("conv2d_bf16:N=1,C=64,H=56,W=56,K=256,R=1,S=1")
     assert template.default_config(small)["pk_tile"] != "none"
     assert template.default_config(large)["pk_tile"] == "none"
+
+
+@needs_bf16
+@pytest.mark.parametrize("key, pk", [
+    ("conv2d_bf16:N=1,C=104,H=8,W=8,K=104,R=3,S=3,pad=1,groups=13,epilogue=bias+relu", None),
+    ("conv2d_bf16:N=2,C=32,H=4,W=8,K=32,R=1,S=1,groups=4,epilogue=bias+residual", None),
+    ("conv2d_bf16:N=2,C=64,H=7,W=7,K=64,R=3,S=3,pad=1,groups=2,epilogue=bias", "7x32"),
+])
+def test_groups_split_between_threads(key, pk):
+    # from GROUP_SPLIT (image, group) GEMMs on, each thread runs whole groups in a workspace of
+    # its own: copied out, in place and as pixel rows
+    workload = parse_workload(key)
+    assert group_slots(workload, get_template("conv2d_bf16").default_config(workload)) > 1
+    out, ref, _ = run(key, entities=None if pk is None else pixel_rows(key, pk), threads=2)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", [
+    "conv2d_int8:N=1,C=64,H=9,W=9,K=64,R=3,S=3,pad=1,groups=8,bias=s32",
+    "conv2d_int8:N=2,C=32,H=4,W=8,K=32,R=1,S=1,groups=2,bias=s32,residual=u8",
+])
+def test_int8_groups_split_between_threads_stay_exact(key):
+    out, ref, _ = run(key, threads=2)
+    np.testing.assert_array_equal(out, ref)

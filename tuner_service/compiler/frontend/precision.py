@@ -8,12 +8,12 @@ which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 to 14x14 ra
 faster so, Zen 4): the same inputs, fused epilogue and fp32 output, the products on bfloat16
 values summed in fp32 (weights rounded once at pack time, activations inside the kernel).
 A ``batch_matmul`` of two activations (attention's products) becomes ``batch_matmul_bf16``,
-which rounds both inside the kernel, unless it is too small to pay for that. Tensors between
-layers stay fp32, so nothing else in the plan changes. Other layers (depthwise and grouped
-convolutions) keep fp32 (``tuner build --json`` reports ``bf16_layers``). It is a choice of
-the user's (``tuner build --precision bf16``): the error it brings (about 3 significant digits
-per product) is what bf16 inference accepts, and whether it is faster depends on the CPU
-(``schedule_templates/templates/x86_dense_bf16.py``).
+which rounds both inside the kernel, unless it is too small to pay for that. Grouped
+convolutions become ``conv2d_bf16`` with their groups; depthwise ones keep fp32 (``tuner build
+--json`` reports ``bf16_layers``). Tensors between layers stay fp32, so nothing else in the
+plan changes. It is a choice of the user's (``tuner build --precision bf16``): the error it
+brings (about 3 significant digits per product) is what bf16 inference accepts, and whether it
+is faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from schedule_templates.workloads import (
     Conv2d,
     Conv2dBf16,
     DenseBf16,
+    GroupConv2d,
     Workload,
 )
 from tuner_service.compiler.frontend.errors import ModelError
@@ -58,6 +59,9 @@ def at_precision(workload: Workload, precision: str) -> Workload:
         if default_winograd(workload, host_registers()) is not None:
             return workload
         fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
+        return Conv2dBf16(**fields)
+    if isinstance(workload, GroupConv2d):
+        fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(GroupConv2d)}
         return Conv2dBf16(**fields)
     if isinstance(workload, BatchMatmul):
         if workload.B * workload.M * workload.N * workload.K < _BF16_MIN_PRODUCTS:
