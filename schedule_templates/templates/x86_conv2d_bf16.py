@@ -28,11 +28,9 @@ from schedule_templates.ir.nodes import (
     Const,
     Expr,
     Kernel,
-    LoopKind,
     Scope,
     Stmt,
     cast,
-    loop,
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
@@ -51,7 +49,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
     copy_out,
-    group_slots,
+    image_groups,
     phase_stage,
 )
 from schedule_templates.templates.x86_pixel_rows import (
@@ -98,16 +96,11 @@ class Conv2dBf16X86(Template):
         taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
         out = Buffer("out", wl.output_shape())
         epilogue = epilogue_stage(wl)
-        slots, size = group_slots(wl, config), geo.phases * geo.channel_words * geo.plane
-        phased = Buffer("phased", (slots * size,), Scope.WORKSPACE, "int32")
-        tiles = Buffer("tiles", (slots, kg, geo.columns), Scope.WORKSPACE)
+        frame = image_groups(geo, config)
+        tiles = Buffer("tiles", (frame.slots, kg, geo.columns), Scope.WORKSPACE)
         partial = partial_buffer(config, kg, geo.columns, BF16)
 
-        ng, images_loop = loop("ng", wl.N * wl.groups,
-                               LoopKind.PARALLEL if slots > 1 else LoopKind.SERIAL)
-        n, g = ng // wl.groups, ng % wl.groups
-        slot = ng if slots > 1 else Const(0)
-        base = slot * size
+        n, g, slot, phased, base = frame.n, frame.g, frame.slot, frame.phased, frame.base
         prepare = phase_stage(wl, geo, data, Const(0, "int32"), phased, n, g,
                               encode=lambda value: cast("int32", cast("bfloat16", value)),
                               base=base)
@@ -122,7 +115,7 @@ class Conv2dBf16X86(Template):
                                             finish_pixel, base=base)
             return Kernel("conv2d_bf16_x86", params,
                           (phased, *(() if partial is None else (partial,))),
-                          (images_loop(prepare, nest),))
+                          (frame.loop(prepare, nest),))
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
@@ -142,7 +135,7 @@ class Conv2dBf16X86(Template):
             body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
-        return Kernel("conv2d_bf16_x86", params, workspaces, (images_loop(*body),))
+        return Kernel("conv2d_bf16_x86", params, workspaces, (frame.loop(*body),))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:

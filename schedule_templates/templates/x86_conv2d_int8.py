@@ -34,11 +34,9 @@ from schedule_templates.ir.nodes import (
     Const,
     Expr,
     Kernel,
-    LoopKind,
     Scope,
     Stmt,
     cast,
-    loop,
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
@@ -71,7 +69,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
     copy_out,
-    group_slots,
+    image_groups,
     phase_stage,
 )
 from schedule_templates.templates.x86_pixel_rows import (
@@ -147,16 +145,11 @@ class Conv2dInt8X86(Template):
             return fused.expr(requantized_int(acc + comp[k], s, out_zp[0], wl.out),
                               fused.residual[n, k, at[0], at[1]])
 
-        slots, size = group_slots(wl, config), geo.phases * geo.channel_words * geo.plane
-        phased = Buffer("phased", (slots * size,), Scope.WORKSPACE, "int32")
-        tiles = Buffer("tiles", (slots, kg, geo.columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
+        frame = image_groups(geo, config)
+        tiles = Buffer("tiles", (frame.slots, kg, geo.columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
         partial = partial_buffer(config, kg, geo.columns, inst)
 
-        ng, images_loop = loop("ng", wl.N * wl.groups,
-                               LoopKind.PARALLEL if slots > 1 else LoopKind.SERIAL)
-        n, g = ng // wl.groups, ng % wl.groups
-        slot = ng if slots > 1 else Const(0)
-        base = slot * size
+        n, g, slot, phased, base = frame.n, frame.g, frame.slot, frame.phased, frame.base
         prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base)
         if tile is not None:
             def finish_pixel(acc: Expr, j: Expr, at: tuple[Expr, Expr]) -> Stmt:
@@ -166,7 +159,7 @@ class Conv2dInt8X86(Template):
                                             finish_pixel, base=base)
             workspaces = (phased, *(() if partial is None else (partial,)))
             return Kernel("conv2d_int8_x86", params, workspaces,
-                          (images_loop(prepare, nest),))
+                          (frame.loop(prepare, nest),))
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
@@ -190,7 +183,7 @@ class Conv2dInt8X86(Template):
             body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
         workspaces = (phased, *(() if geo.in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
-        return Kernel("conv2d_int8_x86", params, workspaces, (images_loop(*body),))
+        return Kernel("conv2d_int8_x86", params, workspaces, (frame.loop(*body),))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:

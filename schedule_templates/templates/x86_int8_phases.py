@@ -21,6 +21,7 @@ from schedule_templates.ir.nodes import (
     Const,
     Expr,
     LoopKind,
+    Scope,
     Select,
     Stmt,
     binop,
@@ -199,6 +200,32 @@ def copy_out(geo: Geometry, tiles: Callable[[Expr, Expr], Expr], out: Buffer, n:
 #: thread, with a workspace of its own) instead of splitting every one: RegNet's grouped layers
 #: (13 to 55 groups of 8 channels) ran 2.5-5x slower at 2 threads with a parallel region per group
 GROUP_SPLIT = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageGroups:
+    """The loop over (image, group) GEMMs both phased templates run, and what it fixes: image
+    ``n`` and group ``g`` of an iteration, its workspace ``slot`` (0 unless threads split the
+    groups), the ``phased`` workspace (``slots`` of them) and where this iteration's starts."""
+
+    loop: Callable[..., Stmt]
+    n: Expr
+    g: Expr
+    slots: int
+    slot: Expr
+    phased: Buffer
+    base: Expr
+
+
+def image_groups(geo: Geometry, config: Config) -> ImageGroups:
+    wl = geo.wl
+    slots, size = group_slots(wl, config), geo.phases * geo.channel_words * geo.plane
+    ng, images_loop = loop("ng", wl.N * wl.groups,
+                           LoopKind.PARALLEL if slots > 1 else LoopKind.SERIAL)
+    slot: Expr = ng if slots > 1 else Const(0)
+    phased = Buffer("phased", (slots * size,), Scope.WORKSPACE, "int32")
+    return ImageGroups(images_loop, ng // wl.groups, ng % wl.groups, slots, slot, phased,
+                       slot * size)
 
 
 def group_slots(wl: Conv2dInt8 | Conv2dBf16, config: Config) -> int:
