@@ -6,9 +6,10 @@ to bfloat16 at pack time, two consecutive input channels per 32-bit word, broadc
 columns are output pixels (16 words of the phased input per load), reduced over taps and
 channel pairs into fp32 sums. The phase stage rounds the fp32 input to bfloat16 as it packs it
 (``x86_int8_phases.phase_stage``; padding is 0.0), so the data is read once at fp32 and the
-nest moves half the bytes. Columns are phase-width rows rounded up to whole registers: where
-that computes more pixels than the output has, the tiles go to a workspace and the fused
-epilogue is applied on the copy of the real pixels into NCHW; otherwise it is applied in the
+nest moves half the bytes. Columns are phase-width rows rounded up for wide tiles (version 2;
+see ``Geometry.columns``): where that computes more pixels than the output has, the tiles go
+to a workspace and the fused epilogue is applied on the copy of the real pixels into NCHW;
+otherwise it is applied in the
 register tile and stored in place. On small maps (7x7: 64 columns for 49 pixels) the space's
 second orientation, pixel rows (``x86_pixel_rows``), computes only the real pixels.
 
@@ -68,7 +69,7 @@ class Conv2dBf16X86(Template):
     name = "conv2d_bf16.x86"
     op = "conv2d_bf16"
     target_kind = "llvm"
-    version = 1
+    version = 2
     fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None

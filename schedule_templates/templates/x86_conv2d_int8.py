@@ -10,8 +10,10 @@ and split into ``stride_h * stride_w`` phases (every ``stride``-th row and colum
 load are 16 consecutive words whatever the stride or dilation.
 
 Columns are pixels of a phase-width row (``Wh`` per output row: the ``Wh - OW`` extra ones are
-computed and dropped) rounded up to whole registers; the tiles go to a workspace and the real
-pixels are copied into NCHW, unless nothing is dropped (then they are stored in place). The
+computed and dropped) rounded up for register tiles 32 to 64 lanes wide (``Geometry.columns``;
+version 2: version 1 rounded to 16 lanes, so its configs split other column counts); the tiles
+go to a workspace and the real pixels are copied into NCHW, unless nothing is dropped (then they
+are stored in place). The
 per-word tap offsets are a constant input computed at pack time.
 
 Depthwise layers (one input channel per group) have a kernel of their own
@@ -87,7 +89,7 @@ class Conv2dInt8X86(Template):
     name = "conv2d_int8.x86"
     op = "conv2d_int8"
     target_kind = "llvm"
-    version = 1
+    version = 2
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:

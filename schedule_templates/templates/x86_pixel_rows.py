@@ -1,7 +1,7 @@
 """The second orientation of the phased convolutions (``conv2d_int8.x86``, ``conv2d_bf16.x86``):
 pixel rows, the ``pk_tile`` knob.
 
-The default orientation's columns are phase-width rows rounded up to whole registers, so on
+The default orientation's columns are phase-width rows rounded up for wide tiles, so on
 small maps the dropped columns are much of the work (7x7: 64 columns for 49 pixels; 14x14 with
 a 3x3 window: 224 for 196). With ``pk_tile=RxW`` the rows are the real output pixels (a pixel's
 word of the phased input broadcast, its address computed per row, so no column is dropped) and
@@ -36,6 +36,12 @@ PK_TILES = ("none", "6x64", "4x64", "5x64", "7x32", "8x32", "6x32", "4x32", "12x
 #: what one pixel-row register of 16 channels costs to store into NCHW, one lane at a time, in
 #: reduction words' time (the default weighs it against the dropped columns it saves)
 PK_STORE_WORDS = 16
+
+#: pixel rows are taken where their estimated cost is below this share of the channel rows'
+#: (with columns rounded for wide tiles, ``Geometry.columns``): ResNet-50's int8 layers on Zen 5,
+#: alone, ran faster as pixel rows at 14x14 with a 3x3 window (estimate 0.90 of channel rows) and
+#: as channel rows at 28x28 with 3x3 (0.95) and at 14x14 with 1x1 over 1024 channels (0.93)
+PK_MARGIN = 0.92
 
 #: (accumulator, output channel within the group, (row, column) of the output) -> the store
 StoreOutput = Callable[[Expr, Expr, tuple[Expr, Expr]], Stmt]
@@ -88,7 +94,7 @@ def pixel_rows_default(geo: Geometry, inst: DotInstruction) -> str | None:
     rows, width = min(tiles, key=lambda rw: (-(-pixels // rw[0]) * rw[0], -rw[0] * rw[1],
                                              -rw[1]))
     computed = -(-pixels // rows) * rows
-    if computed * (geo.words + PK_STORE_WORDS) >= 0.97 * geo.columns * geo.words:
+    if computed * (geo.words + PK_STORE_WORDS) >= PK_MARGIN * geo.columns * geo.words:
         return None
     return f"{rows}x{width}"
 

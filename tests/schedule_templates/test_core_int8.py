@@ -249,8 +249,8 @@ def test_conv_int8_is_exact(instruction, key):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_conv_int8_blocked_reduction_and_threads(instruction, threads):
     # 3x3 taps x 8 channels = 72 values = 18 groups in three blocks; 2 output channel blocks;
-    # 7 rows of 10 (padded width) = 70 pixels computed as 80
-    entities = {"tile_m": (2, 1, 4), "tile_n": (5, 1, 16), "tile_k": (3, 3, 2),
+    # 7 rows of 10 (padded width) = 70 pixels computed as 96 (three tiles of 32)
+    entities = {"tile_m": (2, 1, 4), "tile_n": (3, 1, 32), "tile_k": (3, 3, 2),
                 "outer_order": "mn", "inner_order": "nm", "parallel": "mn"}
     out, ref, _ = run("conv2d_int8:N=2,C=8,H=7,W=8,K=8,R=3,S=3,pad=1,out=s8,bias=s32",
                       entities=entities, threads=threads)
