@@ -4,9 +4,9 @@
 buffer pointers) and turns an expression into a scalar value. ``VectorEmitter`` turns the value
 and target of one store under a vectorized loop into ``<L x T>`` code: loads whose address does
 not move with the lane are broadcast, unit-stride ones are vector loads, small strides are a wide
-load (the lanes' whole span, or only up to the last lane's element where the buffer has no slack
-to over-read) plus a shuffle, anything else is gathered lane by lane; ``a * b + c``
-on floats becomes ``llvm.fmuladd`` in both.
+load (the lanes' whole span, or, where the buffer has no slack to over-read, two overlapping
+loads up to the last lane's element) plus a shuffle, anything else is gathered lane by lane;
+``a * b + c`` on floats becomes ``llvm.fmuladd`` in both.
 """
 
 from __future__ import annotations
@@ -235,18 +235,34 @@ class VectorEmitter(ExprFunctor[ir.Value]):
         if stride == 1:
             return b.load(scope.address(e.buffer, base), typ=vec, align=align)
         if stride is not None and 1 < stride <= 4:
-            # the whole stride of the last lane where the buffer has slack for it, else only
-            # up to the last lane's element (LLVM splits the odd-sized load, never over-reads)
-            span = lanes * stride if e.buffer.slack >= stride - 1 else (lanes - 1) * stride + 1
-            wide_ty = ir.VectorType(elem, span)
-            wide = b.load(scope.address(e.buffer, base), typ=wide_ty, align=align)
-            mask = ir.Constant(ir.VectorType(I32, lanes), [i * stride for i in range(lanes)])
-            return b.shuffle_vector(wide, wide, mask)
+            return self._strided_load(e, base, stride)
         out: ir.Value = ir.Constant(vec, None)
         for i in range(lanes):  # gather by hand
             value = scope.visit_expr(substitute(e, self.lane, i))
             out = b.insert_element(out, value, ir.Constant(I32, i))
         return out
+
+    def _strided_load(self, e: Load, base: Expr, stride: int) -> ir.Value:
+        """Lanes ``stride`` elements apart: the lanes' whole span in one load where the buffer
+        has slack past its end, else up to the last lane's element only, as two loads of a
+        power-of-two width that overlap (an odd-sized ``<31 x i8>`` load was legalized into
+        byte inserts: a stride-2 phase stage ran at a tenth of stride 1's bytes per second);
+        then a shuffle picks the lanes."""
+        b, lanes = self.scope.builder, self.lanes
+        elem, align = element(e.dtype), align_of(e.dtype)
+        offsets = [i * stride for i in range(lanes)]
+        if e.buffer.slack >= stride - 1:
+            span = lanes * stride
+            wide = b.load(self.scope.address(e.buffer, base),
+                          typ=ir.VectorType(elem, span), align=align)
+            return b.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(I32, lanes), offsets))
+        span = (lanes - 1) * stride + 1
+        half = 1 << (span.bit_length() - 1)  # two of these cover the span
+        typ = ir.VectorType(elem, half)
+        low = b.load(self.scope.address(e.buffer, base), typ=typ, align=align)
+        high = b.load(self.scope.address(e.buffer, base + (span - half)), typ=typ, align=align)
+        mask = [o if o < half else half + o - (span - half) for o in offsets]
+        return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, lanes), mask))
 
     def _splat(self, value: ir.Value) -> ir.Value:
         b, lanes = self.scope.builder, self.lanes

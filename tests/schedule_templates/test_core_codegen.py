@@ -25,7 +25,8 @@ def run_kernel(kernel, arrays, threads=1):
         compiled.close()
 
 
-@pytest.mark.parametrize("stride, slack", [(1, 0), (2, 1), (3, 2), (2, 0), (5, 4)])
+@pytest.mark.parametrize("stride, slack", [(1, 0), (2, 1), (3, 2), (2, 0), (3, 0), (4, 0),
+                                           (5, 4)])
 def test_strided_vector_loads(stride, slack):
     n = 20
     src = Buffer("src", (n * stride,), slack=slack)
@@ -37,6 +38,23 @@ def test_strided_vector_loads(stride, slack):
     out = aligned_empty(n, zero=True)
     run_kernel(kernel, [a, out])
     np.testing.assert_array_equal(out, 2 * a[: n * stride : stride])
+
+
+@pytest.mark.parametrize("stride", [2, 3, 4])
+def test_strided_byte_loads_without_slack(stride):
+    """Bytes read ``stride`` apart from a buffer without slack: two overlapping loads of a
+    power-of-two width and a shuffle (both halves' lanes checked, 16 per vector and a tail)."""
+    n = 37
+    src = Buffer("src", ((n - 1) * stride + 1,), dtype="uint8")
+    dst = Buffer("dst", (n,), dtype="uint8")
+    v, vec = loop("v", n, LoopKind.VECTORIZE)
+    kernel = Kernel("strided_bytes", (src, dst), (), (vec(store(dst[v], src[v * stride])),))
+    a = np.random.default_rng(stride).integers(0, 256, (n - 1) * stride + 1, dtype=np.uint8)
+    out = np.zeros(n, np.uint8)
+    ir_text = str(generate_llvm_ir(kernel))
+    assert "x i8>" in ir_text and "shufflevector" in ir_text
+    run_kernel(kernel, [a, out])
+    np.testing.assert_array_equal(out, a[::stride])
 
 
 def test_scatter_store_broadcast_and_select():
