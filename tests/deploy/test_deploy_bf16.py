@@ -65,6 +65,12 @@ def test_a_winograd_layer_keeps_fp32() -> None:
     assert at_precision(workload, "bf16").key == expected
 
 
+def test_winograd_layers_on_small_maps_take_bf16() -> None:
+    # 14x14 (196 pixels): the transformed weights are read for few tiles, bf16 direct wins
+    key = "conv2d:N=1,C=256,H=14,W=14,K=256,R=3,S=3,pad=1,epilogue=bias+relu"
+    assert at_precision(parse_workload(key), "bf16").key == key.replace("conv2d:", "conv2d_bf16:")
+
+
 def test_an_unknown_precision_is_refused() -> None:
     with pytest.raises(ModelError, match="unknown precision 'fp8'"):
         at_precision(parse_workload("dense:M=1,N=32,K=64"), "fp8")

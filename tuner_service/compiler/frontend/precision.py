@@ -4,8 +4,8 @@ With ``bf16`` every ``dense`` layer (a Gemm or MatMul with a constant weight) wh
 bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with ``data=f32``,
 and every ``conv2d`` layer becomes ``conv2d_bf16`` except where this host's fp32 default is a
 Winograd kernel (3x3, stride 1, enough tiles: it does a quarter to a half of the multiplies,
-which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 to 14x14 ran 1.1-1.8x
-faster so, Zen 4): the same inputs, fused epilogue and fp32 output, the products on bfloat16
+which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 and 28x28 ran 1.5-1.8x
+faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``): the same inputs, fused epilogue and fp32 output, the products on bfloat16
 values summed in fp32 (weights rounded once at pack time, activations inside the kernel).
 A ``batch_matmul`` of two activations (attention's products) becomes ``batch_matmul_bf16``,
 which rounds both inside the kernel, unless it is too small to pay for that. Grouped
@@ -41,6 +41,12 @@ _LANES = 16  # the bf16 template's register width in columns
 #: products save (B=3, M=5, N=40, K=9: 2.0 us against fp32's 0.5; attention's 12 x 128 x 128 x
 #: 64 runs 1.75x faster, Zen 4)
 _BF16_MIN_PRODUCTS = 1 << 20
+#: fp32 Winograd is kept only on maps of at least this many output pixels: on smaller ones its
+#: transformed weights (36 fp32 values per 3x3 tap set, 9.4 MB for 256 -> 256 channels) are
+#: read once per call for few tiles and come from memory inside a model. ResNet-50's 14x14
+#: 3x3 layers, Zen 5, 1 thread: Winograd 0.452 ms alone but 0.57 in the model, conv2d_bf16
+#: 0.490 alone; at 28x28 Winograd stays ahead (0.29 alone, 0.41 in the model, bf16 0.49)
+_BF16_WINOGRAD_MIN_PIXELS = 28 * 28
 
 
 def check_precision(precision: str) -> None:
@@ -56,7 +62,8 @@ def at_precision(workload: Workload, precision: str) -> Workload:
     if precision == "fp32":
         return workload
     if isinstance(workload, Conv2d):
-        if default_winograd(workload, host_registers()) is not None:
+        if (default_winograd(workload, host_registers()) is not None
+                and workload.out_h * workload.out_w >= _BF16_WINOGRAD_MIN_PIXELS):
             return workload
         fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
         return Conv2dBf16(**fields)
