@@ -37,6 +37,9 @@ PK_TILES = ("none", "6x64", "4x64", "5x64", "7x32", "8x32", "6x32", "4x32", "12x
 #: reduction words' time (the default weighs it against the dropped columns it saves)
 PK_STORE_WORDS = 16
 
+#: fewer pixels per tile stream each weight panel for too few rows: 4 x 64 ran 6-12% slower than
+#: 6 x 64 or 7 x 32 on ResNet-50's 7x7 and 14x14 layers (Zen 5), so the default does not take it
+PK_MIN_ROWS = 5
 #: pixel rows are taken where their estimated cost is below this share of the channel rows'
 #: (with columns rounded for wide tiles, ``Geometry.columns``): ResNet-50's int8 layers on Zen 5,
 #: alone, ran faster as pixel rows at 14x14 with a 3x3 window (estimate 0.90 of channel rows) and
@@ -85,14 +88,18 @@ def pixel_rows_default(geo: Geometry, inst: DotInstruction) -> str | None:
     if inst.acc_vectors < x86_dot_gemm.ACC_REGISTERS or kg % LANES:
         return None
     pixels = wl.out_h * wl.out_w
-    # fewest rows computed, then the most accumulators, then the widest: ResNet-50's 7x7 maps
-    # (49 pixels) run best as 7 x 32, its 14x14 ones as 4 x 64 or 7 x 32 (Zen 4, int8 layers
-    # timed alone: 1.11-1.29x the channel-row default)
-    tiles = [(r, w) for r, w in map(pk_tile_of, PK_TILES[1:]) if kg % w == 0]
+    # at least PK_MIN_ROWS pixels per tile; among those computing at most 2% more rows than
+    # the fewest, the most accumulators, then the widest. ResNet-50's layers alone, Zen 5, int8
+    # and bf16: 7x7 maps (49 pixels) run best as 7 x 32 (5 x 64 and 6 x 64 level to 7% slower
+    # with 50 and 54 rows), 14x14 ones as 6 x 64 (198 rows: int8 0.232 ms against 0.234 as 7 x 32
+    # and 0.249 as 4 x 64; bf16 0.430-0.449 against 0.459-0.464 and 0.484-0.487)
+    tiles = [(r, w) for r, w in map(pk_tile_of, PK_TILES[1:])
+             if kg % w == 0 and r >= PK_MIN_ROWS]
     if not tiles:
         return None
-    rows, width = min(tiles, key=lambda rw: (-(-pixels // rw[0]) * rw[0], -rw[0] * rw[1],
-                                             -rw[1]))
+    fewest = min(-(-pixels // r) * r for r, _ in tiles)
+    near = [(r, w) for r, w in tiles if -(-pixels // r) * r <= 1.02 * fewest]
+    rows, width = max(near, key=lambda rw: (rw[0] * rw[1], rw[1]))
     computed = -(-pixels // rows) * rows
     if computed * (geo.words + PK_STORE_WORDS) >= PK_MARGIN * geo.columns * geo.words:
         return None
