@@ -197,9 +197,20 @@ def copy_out(geo: Geometry, tiles: Callable[[Expr, Expr], Expr], out: Buffer, n:
              g: Expr, value: Callable[[Expr, Expr, Expr, Expr], Expr]) -> Stmt:
     """The real pixels of group g's phase-width tiles (``tiles(row, column)``) into NCHW
     ``out`` of image n, each as ``value(tile element, output channel, row, column)`` (the
-    epilogue a template applies where every column is a real pixel)."""
+    epilogue a template applies where every column is a real pixel; row 0 and the flat
+    pixel index where the rows hold no dropped column)."""
     wl = geo.wl
     kg, oh_count = wl.group_out, wl.out_h
+    if geo.phase_w == wl.out_w:
+        # no column dropped inside the rows (1x1 windows): a channel's tile row holds its
+        # pixels in NCHW order, so it is copied as one flat row (a 14x14 map: 12 whole
+        # registers and 4 lanes, where rows of 14 took an odd-sized vector per output row)
+        pixels = wl.out_h * wl.out_w
+
+        def flat(row: Expr, q: Expr) -> Expr:
+            return value(tiles(row, q), g * kg + row, Const(0), q)
+
+        return copy_rows(flat, lambda row, q: out[n, g * kg + row, 0, q], kg, pixels)
 
     def copied(row: Expr, ow: Expr) -> Expr:
         k, oh = g * kg + row // oh_count, row % oh_count

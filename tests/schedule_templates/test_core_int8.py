@@ -16,6 +16,7 @@ from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, intrinsic, loo
 from schedule_templates.runtime import aligned_empty, build
 from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.base import get_template
+from schedule_templates.templates.x86_int8_phases import Geometry
 from schedule_templates.workloads import parse_workload
 
 HAS_VNNI = "+avx512vnni" in host_features().split(",")
@@ -254,6 +255,26 @@ def test_conv_int8_blocked_reduction_and_threads(instruction, threads):
                 "outer_order": "mn", "inner_order": "nm", "parallel": "mn"}
     out, ref, _ = run("conv2d_int8:N=2,C=8,H=7,W=8,K=8,R=3,S=3,pad=1,out=s8,bias=s32",
                       entities=entities, threads=threads)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("key", [
+    # 1x1 windows: the tile rows hold the pixels in NCHW order and are copied flat (63 pixels
+    # of 64 columns; 35 of 48 for the stride-2 one), the fused addition on the copy
+    "conv2d_int8:N=2,C=16,H=7,W=9,K=32,R=1,S=1,bias=s32,residual=u8",
+    "conv2d_int8:N=1,C=8,H=10,W=14,K=16,R=1,S=1,stride=2,out=s8,bias=s32,residual=s8",
+    "conv2d_int8:N=1,C=12,H=7,W=7,K=32,R=1,S=1,groups=2,out=f32",
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_int8_one_by_one_copies_flat_rows(instruction, key, threads):
+    workload = parse_workload(key)
+    entities = {name: value for name, _, value in
+                get_template("conv2d_int8").default_config(workload).entities}
+    entities["pk_tile"] = "none"  # channel rows, whatever the host's default
+    columns = Geometry(workload, x86_dot_gemm.VNNI).columns
+    entities["tile_n"] = (columns // 16, 1, 16)
+    entities["tile_m"] = (workload.group_out // 8, 1, 8)
+    out, ref, _ = run(key, entities=entities, threads=threads)
     np.testing.assert_array_equal(out, ref)
 
 
