@@ -9,9 +9,9 @@ channel pairs into fp32 sums. The phase stage rounds the fp32 input to bfloat16 
 nest moves half the bytes. Columns are phase-width rows rounded up for wide tiles (version 2;
 see ``Geometry.columns``): where that computes more pixels than the output has, the tiles go
 to a workspace and the fused epilogue is applied on the copy of the real pixels into NCHW;
-otherwise it is applied in the
-register tile and stored in place. On small maps (7x7: 64 columns for 49 pixels) the space's
-second orientation, pixel rows (``x86_pixel_rows``), computes only the real pixels.
+otherwise it is applied in the register tile and stored in place. On small maps (7x7: 64
+columns for 49 pixels) the space's second orientation, pixel rows (``x86_pixel_rows``),
+computes only the real pixels.
 
 Against fp32 FMAs each instruction does twice the multiplies, so a layer whose fp32 kernel runs
 near the FMA peak can run up to twice as fast on CPUs whose BF16 unit issues like their FMAs

@@ -13,8 +13,7 @@ Columns are pixels of a phase-width row (``Wh`` per output row: the ``Wh - OW`` 
 computed and dropped) rounded up for register tiles 32 to 64 lanes wide (``Geometry.columns``;
 version 2: version 1 rounded to 16 lanes, so its configs split other column counts); the tiles
 go to a workspace and the real pixels are copied into NCHW, unless nothing is dropped (then they
-are stored in place). The
-per-word tap offsets are a constant input computed at pack time.
+are stored in place). The per-word tap offsets are a constant input computed at pack time.
 
 Depthwise layers (one input channel per group) have a kernel of their own
 (``x86_depthwise_int8``): on this nest three quarters of each word would be padding.

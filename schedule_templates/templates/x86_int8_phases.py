@@ -30,6 +30,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config
+from schedule_templates.templates.x86_depthwise_int8 import is_depthwise
 from schedule_templates.templates.x86_dot_gemm import VNNI, DotInstruction, padded_k, padded_n
 from schedule_templates.templates.x86_int8_stages import copy_rows, vector_walk
 from schedule_templates.workloads import Conv2dBf16, Conv2dInt8
@@ -71,7 +72,7 @@ class Geometry:
         see ``WIDE_COLUMNS``). Depthwise layers keep whole registers (their kernel steps
         16 lanes at a time)."""
         pixels = self.wl.out_h * self.phase_w
-        if self.wl.group_in == 1 and self.wl.groups > 1:
+        if isinstance(self.wl, Conv2dInt8) and is_depthwise(self.wl):
             return padded_n(pixels)
         return min(-(-pixels // width) * width for width in WIDE_COLUMNS)
 

@@ -5,8 +5,9 @@ bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with
 and every ``conv2d`` layer becomes ``conv2d_bf16`` except where this host's fp32 default is a
 Winograd kernel (3x3, stride 1, enough tiles: it does a quarter to a half of the multiplies,
 which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 and 28x28 ran 1.5-1.8x
-faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``): the same inputs, fused epilogue and fp32 output, the products on bfloat16
-values summed in fp32 (weights rounded once at pack time, activations inside the kernel).
+faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``): the same
+inputs, fused epilogue and fp32 output, the products on bfloat16 values summed in fp32
+(weights rounded once at pack time, activations inside the kernel).
 A ``batch_matmul`` of two activations (attention's products) becomes ``batch_matmul_bf16``,
 which rounds both inside the kernel, unless it is too small to pay for that. Grouped
 convolutions become ``conv2d_bf16`` with their groups; depthwise ones keep fp32 (``tuner build
