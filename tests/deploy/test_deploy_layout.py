@@ -150,6 +150,32 @@ def test_blocked_channel_concat_matches_onnxruntime(tmp_path: Path) -> None:
     assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
 
 
+def test_pools_of_blocked_tensors_run_blocked(tmp_path: Path) -> None:
+    # conv -> relu -> max pool (padded, ceil mode) -> conv -> average pool -> conv: both pools
+    # pool channel blocks, so the only transforms are the input's and the output's
+    rng = np.random.default_rng(4)
+    weights = {"w1": rng.standard_normal((20, 3, 3, 3)).astype(np.float32),
+               "w2": rng.standard_normal((24, 20, 1, 1)).astype(np.float32),
+               "w3": rng.standard_normal((8, 24, 3, 3)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], strides=[2, 2]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1], ceil_mode=1),
+             helper.make_node("Conv", ["p", "w2"], ["b"]),
+             helper.make_node("AveragePool", ["b"], ["q"], kernel_shape=[2, 2],
+                              strides=[2, 2]),
+             helper.make_node("Conv", ["q", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, {"x": (1, 3, 37, 35)}, {"y": (1, 8, 5, 4)}, weights)
+    manifest, runner = _build(model, tmp_path, "nchwc")
+    kinds = [g["op"]["kind"] for g in manifest["generated"]]
+    assert kinds.count("blocked_pool2d") == 2 and "pool2d" not in kinds
+    assert kinds.count("to_nchwc") == 1 and kinds.count("from_nchwc") == 1
+    feeds = runner.random_feeds(3)
+    want = onnxruntime_outputs(model, feeds)["y"]
+    got = runner.run(feeds)["y"]
+    assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
+
+
 def test_auto_builds_a_model_without_convs_once_in_the_plain_layout(tmp_path: Path) -> None:
     weight = np.random.default_rng(2).standard_normal((16, 24)).astype(np.float32)
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["m"]),

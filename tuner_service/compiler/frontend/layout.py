@@ -11,7 +11,9 @@ A pass over the layer plan (``fusion.plan_layers``) and the generated plan
   plan time), so a region grows from conv-family layers through the cheap ops between them;
 - a transform is inserted only where a producer and a consumer disagree: ``to_nchwc`` where a
   blocked layer reads a plain tensor (a model input, a numpy step's output), ``from_nchwc``
-  where a plain reader (a Flatten, a pooling, a graph output) reads a blocked one.
+  where a plain reader (a Flatten, a graph output) reads a blocked one;
+- a max or average pool of a blocked tensor runs blocked (``BlockedPool2d``), as do global
+  pools and channel concats of whole blocks.
 
 A blocked tensor is named ``NAME@nchw{b}c`` beside the plain ``NAME``, so everything that reads
 ``NAME`` (numpy steps, graph outputs) keeps its meaning. The padded lanes of a blocked tensor are
@@ -35,6 +37,8 @@ from schedule_templates.ops.base import GeneratedOp
 from schedule_templates.ops.elementwise import Elementwise
 from schedule_templates.ops.layout import FromBlocked, ToBlocked
 from schedule_templates.ops.movement import Concat
+from schedule_templates.ops.pool import Pool2d
+from schedule_templates.ops.pool_blocked import BlockedPool2d
 from schedule_templates.ops.reduce import Reduce
 from schedule_templates.workloads import Workload, parse_workload
 from schedule_templates.workloads.conv_nchwc import channel_blocks, to_blocked
@@ -161,7 +165,20 @@ class _Planner:
             return self._global_pool(layer, layer.op)
         if isinstance(layer.op, Concat):
             return self._concat(layer, layer.op)
+        if type(layer.op) is Pool2d:  # not BytePool2d: 8-bit tensors are never blocked
+            return self._pool(layer, layer.op)
         return None
+
+    def _pool(self, layer: GeneratedLayer, op: Pool2d) -> GeneratedLayer | None:
+        """A max or average pool of a blocked tensor pools each pixel's channel block as one
+        vector (``BlockedPool2d``): no transform to the plain layout and back around it."""
+        tensor = layer.inputs.get("x", "")
+        if tensor not in self.blocked or self.shapes.get(tensor) != op.shape:
+            return None
+        pooled = BlockedPool2d(op.shape, op.mode, op.kernel, op.stride, op.pads, op.dilation,
+                               op.ceil_mode, op.count_include_pad, self.block)
+        self.shapes[layer.output] = op.output_shape()
+        return self._blocked_layer(layer, pooled, {"x": self.blocked[tensor]})
 
     def _global_pool(self, layer: GeneratedLayer, op: Reduce) -> GeneratedLayer | None:
         """A global pool (a reduce over every pixel of each channel) of a blocked tensor reduces
