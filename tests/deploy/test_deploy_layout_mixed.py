@@ -12,14 +12,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from schedule_templates.ops.layout import FromBlocked, ToBlocked
 from tests.deploy.conftest import onnxruntime_outputs
 from tests.deploy.test_deploy_layout import _model
 from tuner_service.compiler.deploy import layout_choice
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
 from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.generated_step import GeneratedStep
 from tuner_service.compiler.deploy.layout_choice import build_with_layout
-from tuner_service.compiler.deploy.layout_mixed import LayerTimes, candidates, layer_times
+from tuner_service.compiler.deploy.layout_mixed import (
+    LayerTimes,
+    candidates,
+    layer_times,
+    transform_rate,
+)
 from tuner_service.compiler.deploy.library import MANIFEST_FILE, build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
 from tuner_service.compiler.frontend.fusion import plan_layers
@@ -78,6 +85,20 @@ def test_candidates_follow_the_layer_times_and_the_transform_cost() -> None:
     assert candidates(times, transform_s=1e-5) == {}
     # every layer faster plain: that is the plain plan itself, not a mixed one
     assert candidates({"a": times["a"]}, transform_s=0.0) == {}
+
+
+def test_the_transform_rate_weighs_each_transform_by_its_size() -> None:
+    # a 3-channel input blocked (802,816 elements in 0.2 ms) and a 2048-element output (4 us):
+    # elements over seconds together, not the median of two rates
+    def step(op: object) -> GeneratedStep:
+        s = object.__new__(GeneratedStep)
+        s.op = op  # type: ignore[assignment]
+        return s
+
+    big, small = ToBlocked((1, 3, 224, 224), 16), FromBlocked((1, 2048, 1, 1), 16)
+    rate = transform_rate([(step(big), 2e-4), (step(small), 4e-6), (object(), 1.0)])
+    assert rate == pytest.approx(2.04e-4 / (16 * 224 * 224 + 2048))
+    assert transform_rate([]) > 0
 
 
 def test_layer_times_pair_each_blocked_layer_with_its_plain_twin(tmp_path: Path) -> None:

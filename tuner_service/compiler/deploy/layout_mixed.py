@@ -73,17 +73,26 @@ def candidates(times: dict[str, LayerTimes], transform_s: float) -> dict[str, fr
 
 def layer_times(plain: ModelRunner, blocked: ModelRunner, feeds: dict[str, np.ndarray]
                 ) -> tuple[dict[str, LayerTimes], float]:
-    """Every conv layer the blocked plan blocks, timed alone in both plans, and the median
-    seconds per element of the blocked plan's transforms (each plan profiled once)."""
+    """Every conv layer the blocked plan blocks, timed alone in both plans, and the seconds
+    per element of the blocked plan's transforms (each plan profiled once)."""
     plain_steps, blocked_steps = _profile(plain, feeds), _profile(blocked, feeds)
     plain_s = _kernel_seconds(plain_steps)
     times: dict[str, LayerTimes] = {}
     for output, (seconds, _, op) in _kernel_seconds(blocked_steps).items():
         if op.endswith("_nchwc") and output in plain_s:
             times[output] = LayerTimes(plain_s[output][0], seconds, plain_s[output][1])
-    rates = [seconds / math.prod(step.op.output_shape()) for step, seconds in blocked_steps
+    return times, transform_rate(blocked_steps)
+
+
+def transform_rate(profile: list[tuple[object, float]]) -> float:
+    """Seconds per element of a profile's layout transforms, all of them together: the median
+    of each one's rate let a tiny transform's fixed cost count like a large one's (ResNet-50
+    with its pools blocked has two: the 3-channel input's, 0.25 ns an element, and the
+    2048-element output's, several times that; so no conv layer was kept plain)."""
+    timed = [(seconds, math.prod(step.op.output_shape())) for step, seconds in profile
              if isinstance(step, GeneratedStep) and step.op.kind in ("to_nchwc", "from_nchwc")]
-    return times, float(np.median(rates)) if rates else FALLBACK_TRANSFORM_S
+    elements = sum(count for _, count in timed)
+    return sum(seconds for seconds, _ in timed) / elements if elements else FALLBACK_TRANSFORM_S
 
 
 def _profile(runner: ModelRunner, feeds: dict[str, np.ndarray]) -> list[tuple[object, float]]:
