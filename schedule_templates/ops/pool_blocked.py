@@ -15,6 +15,7 @@ The padded lanes of the last channel block are pooled like the others: finite in
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -35,7 +36,14 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.ops.base import GeneratedOp, GeneratedOpError, Shape, register_op
 from schedule_templates.ops.loops import fconst, flat, kernel_name, tree, want_parallel
-from schedule_templates.ops.pool import _LOWEST, _MAX_TREE_TAPS, Pool2d, _all, _interior
+from schedule_templates.ops.pool import (
+    _LOWEST,
+    _MAX_TREE_TAPS,
+    Pool2d,
+    _add,
+    _all,
+    _interior,
+)
 from schedule_templates.workloads.conv_nchwc import channel_blocks, from_blocked, to_blocked
 
 
@@ -62,7 +70,7 @@ class BlockedPool2d(GeneratedOp):
                                    f"{self.block!r}")
         self.plain  # noqa: B018 (Pool2d checks the shape and the window attributes)
 
-    @property
+    @functools.cached_property
     def plain(self) -> Pool2d:
         return Pool2d(self.shape, self.mode, self.kernel, self.stride, self.pads,
                       self.dilation, self.ceil_mode, self.count_include_pad)
@@ -104,7 +112,7 @@ class BlockedPool2d(GeneratedOp):
         return Kernel(kernel_name(self.kind, self.key), (x, out), (), (body,))
 
     def _combine(self) -> Callable[[Expr, Expr], Expr]:
-        return fmax if self.mode == "max" else (lambda a, c: a + c)
+        return fmax if self.mode == "max" else _add
 
     def _tap(self, x: Buffer, xo: Expr, row: Expr, col: Expr, i: Expr | int, j: Expr | int,
              lane: Expr) -> tuple[Expr, Expr, Expr]:
