@@ -7,8 +7,13 @@ instructions build either, with constants splatted to the value's type.
 
 - exp: n = round(x * log2(e)), r = x - n * ln2 (ln2 in two parts so r stays exact), a
   degree-6 polynomial for e^r, then a scale by 2^n built in the exponent bits. 2^n is applied
-  as two factors 2^(n//2) * 2^(n - n//2) so results that overflow or are denormal come out
-  right (inf, and gradual underflow to 0) without a special case per range;
+  as two factors 2^(n//2) * 2^(n - n//2) so results that overflow come out as inf. Results
+  below the smallest normal float (x < ln 2^-126, to within 5e-5) are flushed to zero, and
+  the input is clamped where the arithmetic stays normal, so no step makes a denormal: on
+  Intel cores a float operation with a denormal result takes a microcode assist, and a masked
+  softmax's exponentials are mostly such results (BERT-base's attention softmax, 1536 rows of
+  128 with half the scores masked: 0.98 ms against 0.33 unmasked, on Emerald Rapids).
+  oneDNN's exp flushes the same way;
 - log: the exponent and the mantissa split apart, the mantissa moved to [sqrt(1/2), sqrt(2))
   and a polynomial in (m - 1); denormal inputs are scaled by 2^23 first;
 - sqrt, abs, floor: LLVM intrinsics (one instruction each on the host);
@@ -47,6 +52,9 @@ _ERF_TAYLOR = tuple(1.1283791670955126 * c for c in
 _ERF_AS_P = 0.3275911
 _ERF_AS_POLY = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0)
 _FLT_MIN = 1.17549435e-38
+#: just above ln(_FLT_MIN) (-87.336545) as a float32: e^x is normal from here up; below it
+#: e^x is flushed to zero
+_EXP_FLUSH_BELOW = -87.3365
 
 
 class _Math:
@@ -111,7 +119,8 @@ class _Math:
     # -- the functions -----------------------------------------------------------------------
     def exp(self, x: ir.Value) -> ir.Value:
         b = self.b
-        xc = self.clamp(x, -104.0, 89.0)  # past these e^x is 0 or inf in float32
+        # past 89 e^x is inf in float32; below ln(FLT_MIN) it is denormal, flushed to 0 below
+        xc = self.clamp(x, _EXP_FLUSH_BELOW, 89.0)
         t = b.fadd(b.fmul(xc, self.f(_LOG2E)), self.f(_ROUND_MAGIC))
         nf = b.fsub(t, self.f(_ROUND_MAGIC))
         r = self.fma(nf, self.f(-_LN2_HI), xc)
@@ -121,6 +130,7 @@ class _Math:
         n = b.fptosi(nf, self.ity)
         half = b.ashr(n, self.i(1))
         y = b.fmul(b.fmul(p, self.pow2(half)), self.pow2(b.sub(n, half)))
+        y = b.select(self.lt(x, self.f(_EXP_FLUSH_BELOW)), self.f(0.0), y)
         return b.select(self.is_nan(x), x, y)
 
     def log(self, x: ir.Value) -> ir.Value:
