@@ -48,6 +48,7 @@ from schedule_templates.ir.nodes import (
     Load,
     Loop,
     LoopKind,
+    Prefetch,
     Scope,
     Select,
     Stmt,
@@ -194,6 +195,9 @@ class _Writer(ExprFunctor[tuple[str, int]], StmtFunctor[None]):
 
     def visit_barrier(self, s: Barrier) -> None:
         self._emit("__syncthreads();")
+
+    def visit_prefetch(self, s: Prefetch) -> None:
+        return None  # a CPU cache hint: GPU kernels stage through shared memory instead
 
     def visit_warp_mma(self, s: WarpMma) -> None:
         """The lane's fragments straight from shared memory (PTX's layout for m16n8k32: A words

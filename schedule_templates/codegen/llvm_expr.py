@@ -36,6 +36,7 @@ from schedule_templates.ir.nodes import (
     Expr,
     Intrinsic,
     Load,
+    Prefetch,
     Select,
     Store,
     Var,
@@ -97,6 +98,21 @@ class FunctionScope(ExprFunctor[ir.Value]):
     def store(self, s: Store) -> None:
         ptr = self.address(s.buffer, flat_offset(s.buffer, s.indices))
         store_to(self.builder, self.visit_expr(s.value), ptr, align_of(s.buffer.dtype))
+
+    def prefetch(self, s: Prefetch) -> None:
+        """``llvm.prefetch`` (read, data cache) of the target's address; the address may lie
+        past the buffer (the next block of a loop's last iteration), so it is computed without
+        ``inbounds``, which would make it poison and let LLVM drop the hint."""
+        target = s.target
+        try:
+            base = self.buffers[target.buffer]
+        except KeyError:
+            raise CodegenError(f"buffer {target.buffer.name} is used outside its scope") from None
+        ptr = self.builder.gep(base, [self.visit_expr(flat_offset(target.buffer, target.indices))],
+                               source_etype=element(target.buffer.dtype))
+        fn = self.ctx.declare("llvm.prefetch.p0", ir.VoidType(), [ptr.type, I32, I32, I32])
+        self.builder.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, s.locality),
+                               ir.Constant(I32, 1)])
 
     def default_expr(self, e: Expr) -> ir.Value:
         raise CodegenError(f"cannot generate expression {type(e).__name__}")

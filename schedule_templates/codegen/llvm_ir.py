@@ -34,6 +34,7 @@ from schedule_templates.ir.nodes import (
     Kernel,
     Loop,
     LoopKind,
+    Prefetch,
     Scope,
     Stmt,
     Store,
@@ -104,6 +105,9 @@ class LLVMGenerator(StmtFunctor[None]):
 
     def visit_store(self, s: Store) -> None:
         self.scope.store(s)
+
+    def visit_prefetch(self, s: Prefetch) -> None:
+        self.scope.prefetch(s)
 
     def visit_allocate(self, s: Allocate) -> None:
         self.scope.buffers[s.buffer] = self._alloca(s.buffer)

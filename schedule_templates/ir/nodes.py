@@ -308,6 +308,17 @@ class IfThen(Stmt):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Prefetch(Stmt):
+    """A hint to bring the cache line holding ``target`` towards the core: nothing is read
+    into the kernel and an address past the buffer cannot fault (the instruction ignores it).
+    ``locality`` is LLVM's: 3 keeps the line in every level (L1), 2 in L2 and out, 1 in the
+    last level only. A target without prefetch instructions (the CUDA C writer) drops it."""
+
+    target: Load
+    locality: int = 2
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Barrier(Stmt):
     """``__syncthreads()``: every thread of a GPU block waits here. Only between thread-loop
     nests (never inside one): each phase between barriers is its own set of thread loops, which
@@ -412,6 +423,12 @@ class LoopFactory:
             # a loop of one iteration is its body with the index fixed at zero
             return Loop(self.var, 1, LoopKind.UNROLL, flat)
         return Loop(self.var, self.extent, self.kind, flat)
+
+
+def prefetch(target: Load, locality: int = 2) -> Prefetch:
+    if not 0 <= locality <= 3:
+        raise ValueError(f"prefetch locality is 0..3, got {locality}")
+    return Prefetch(target, locality)
 
 
 def store(target: Load, value: ExprLike) -> Store:

@@ -17,6 +17,7 @@ from schedule_templates.ir.nodes import (
     Load,
     Loop,
     LoopKind,
+    Prefetch,
     Select,
     Stmt,
     Store,
@@ -92,6 +93,11 @@ class _Printer(ExprFunctor[tuple[str, int]], StmtFunctor[list[str]]):
 
     def visit_barrier(self, s: Barrier) -> list[str]:
         return [f"{self._pad()}barrier"]
+
+    def visit_prefetch(self, s: Prefetch) -> list[str]:
+        target = s.target
+        return [f"{self._pad()}prefetch {target.buffer.name}[{self._list(target.indices)}]"
+                f" locality={s.locality}"]
 
     def _pad(self) -> str:
         return "  " * self.depth

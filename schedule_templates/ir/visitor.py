@@ -33,6 +33,7 @@ from schedule_templates.ir.nodes import (
     Intrinsic,
     Load,
     Loop,
+    Prefetch,
     Select,
     Stmt,
     Store,
@@ -53,6 +54,7 @@ EXPR_METHODS: dict[type[Expr], str] = {
 STMT_METHODS: dict[type[Stmt], str] = {
     Store: "visit_store", Loop: "visit_loop", Allocate: "visit_allocate",
     IfThen: "visit_ifthen", Barrier: "visit_barrier", WarpMma: "visit_warp_mma",
+    Prefetch: "visit_prefetch",
 }
 #: statements a pass that does not override them handles through their ``expand()`` form
 #: (the same arithmetic in ordinary nodes), not through ``default_stmt``
@@ -162,6 +164,9 @@ class StmtFunctor(Generic[R]):
     def visit_barrier(self, s: Barrier) -> R:
         return self.default_stmt(s)
 
+    def visit_prefetch(self, s: Prefetch) -> R:
+        return self.default_stmt(s)
+
     def visit_warp_mma(self, s: WarpMma) -> R:
         return self.visit_stmt(s.expand())
 
@@ -223,6 +228,10 @@ class StmtVisitor(StmtFunctor[None], ExprVisitor):
 
     def visit_barrier(self, s: Barrier) -> None:
         return None
+
+    def visit_prefetch(self, s: Prefetch) -> None:
+        for index in s.target.indices:  # an address, not a read: the load itself is not visited
+            self.visit_expr(index)
 
 
 class ExprMutator(ExprFunctor[Expr]):
@@ -292,6 +301,12 @@ class StmtMutator(StmtFunctor[Stmt], ExprMutator):
 
     def visit_barrier(self, s: Barrier) -> Stmt:
         return s
+
+    def visit_prefetch(self, s: Prefetch) -> Stmt:
+        indices = self.visit_exprs(s.target.indices)
+        if indices is s.target.indices:
+            return s
+        return Prefetch(Load(s.target.buffer, indices), s.locality)
 
     def visit_warp_mma(self, s: WarpMma) -> Stmt:
         acc, a, b, lane = (self.visit_expr(e) for e in (s.acc, s.a, s.b, s.lane))

@@ -9,7 +9,16 @@ import pytest
 
 from schedule_templates.codegen.llvm_ir import generate_llvm_ir
 from schedule_templates.codegen.llvm_jit import CompiledKernel, host_features
-from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, Select, binop, loop, store
+from schedule_templates.ir.nodes import (
+    Buffer,
+    Kernel,
+    LoopKind,
+    Select,
+    binop,
+    loop,
+    prefetch,
+    store,
+)
 from schedule_templates.ir.printer import format_kernel
 from schedule_templates.peak import measure_peak_gflops
 from schedule_templates.runtime import aligned_empty, build
@@ -104,6 +113,38 @@ def test_generated_code_uses_avx512_fma_when_available():
     finally:
         artifact.close()
     assert "zmm" in asm and "vfmadd" in asm
+
+
+def test_prefetch_hints_change_nothing_and_may_point_past_the_buffer():
+    src, dst = Buffer("src", (8, 16)), Buffer("dst", (8, 16))
+    i, rows = loop("i", 8)
+    v, vec = loop("v", 16, LoopKind.VECTORIZE)
+    # the last rows' hints point past the end of src: a prefetch never faults
+    body = rows(prefetch(src[i + 4, 0]), prefetch(src[i + 400, 0], locality=3),
+                vec(store(dst[i, v], src[i, v] * 2.0)))
+    kernel = Kernel("hinted", (src, dst), (), (body,))
+    text = str(generate_llvm_ir(kernel))
+    assert text.count("call void @\"llvm.prefetch.p0\"") == 2
+    assert "i32 0, i32 3, i32 1" in text  # read, keep in L1, data cache
+    assert "prefetch src[i + 4, 0] locality=2" in format_kernel(kernel)
+    a = np.arange(128, dtype=np.float32).reshape(8, 16)
+    out = np.zeros((8, 16), np.float32)
+    run_kernel(kernel, [a, out])
+    np.testing.assert_array_equal(out, a * 2)
+    with pytest.raises(ValueError, match="locality"):
+        prefetch(src[0, 0], locality=4)
+
+
+def test_dense_prefetches_its_next_weight_block():
+    workload = parse_workload("dense:M=128,N=768,K=768,epilogue=bias")
+    template = get_template("dense")
+    kernel = template.lower(workload, template.default_config(workload))
+    text = format_kernel(kernel)
+    assert "prefetch weight_packed[" in text
+    assert "prefetch" not in format_kernel(get_template("batch_matmul").lower(
+        parse_workload("batch_matmul:B=2,M=16,N=16,K=16"),
+        get_template("batch_matmul").default_config(
+            parse_workload("batch_matmul:B=2,M=16,N=16,K=16"))))
 
 
 def test_printed_ir_is_readable():

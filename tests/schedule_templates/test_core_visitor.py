@@ -17,6 +17,7 @@ from schedule_templates.ir.nodes import (
     Load,
     Loop,
     LoopKind,
+    Prefetch,
     Scope,
     Select,
     Stmt,
@@ -27,6 +28,7 @@ from schedule_templates.ir.nodes import (
     cast,
     fmax,
     loop,
+    prefetch,
     store,
 )
 from schedule_templates.ir.visitor import (
@@ -193,3 +195,24 @@ def test_serialization_for_the_host_keeps_untouched_statements():
     outer = host.body[0]
     assert isinstance(outer, Loop) and len(outer.body) == 2  # the barrier is dropped
     assert outer.body[0] is kernel.body[0].body[0]  # nothing in the thread loop changed
+
+
+def test_a_prefetch_is_an_address_not_a_read():
+    i, j = Var("i"), Var("j")
+    hint = prefetch(A[i + 1, B[j]], locality=1)
+
+    class Loads(StmtVisitor):
+        def __init__(self) -> None:
+            self.loads: list[str] = []
+
+        def visit_load(self, e: Load) -> None:
+            self.loads.append(e.buffer.name)
+            super().visit_load(e)
+
+    seen = Loads()
+    seen.visit_stmt(hint)
+    assert seen.loads == ["b"]  # the load in its index, not the hinted line itself
+    moved = substitute_stmt(hint, i, 2)
+    assert isinstance(moved, Prefetch) and moved.locality == 1
+    assert isinstance(moved.target.indices[0], Const) and moved.target.indices[0].value == 3
+    assert substitute_stmt(hint, Var("other"), 0) is hint
