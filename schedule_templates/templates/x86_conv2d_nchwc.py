@@ -10,7 +10,8 @@ bias, residual, activation) is applied to the tile in the blocked layout.
 
 Rows are cut into tiles of any width (``x86_nchwc_window.row_tiles``). Padding is a copy into a
 zero-bordered blocked workspace. Image, channel block group and row block share one parallel
-loop, in the order ``outer_order`` says.
+loop, in the order ``outer_order`` says. Each reduction step hints the next channel group's
+weights into L2 (``weight_hints``): inside a model they come from memory.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from schedule_templates.space import AnnotateKnob, ChoiceKnob, Config, ConfigSpa
 from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.choose import largest_divisor
 from schedule_templates.templates.epilogue import EpilogueStage, epilogue_arguments, epilogue_stage
+from schedule_templates.templates.weight_hints import row_hints
 from schedule_templates.templates.x86_nchwc_window import (
     balanced_width,
     pad_blocked_stage,
@@ -156,12 +158,15 @@ class Conv2dNCHWcX86(Template):
 
             tap = src(n, cb, oh * wl.stride[0] + r * wl.dilation[0],
                       ow * wl.stride[1] + s * wl.dilation[1], c)
-            update = each(store(acc[a, p, j, k],
-                                tap * packed[kg, cb, r, s, c, j, k] + acc[a, p, j, k]))
+            update = each(store(
+                acc[a, p, j, k], tap * packed[kg, cb, r, s, c, j, k] + acc[a, p, j, k]))
+            # the next channel group's weights, the group's row blocks taking turns
+            hints = row_hints(lambda x: packed[kg + 1, cb, r, s, c, 0, x], kbt * b,
+                              hb if config["outer_order"] == "k_h" else None, oho)
             kb = kg * kbt + j
             return [Allocate(acc, (
                 each(store(acc[a, p, j, k], Const(0.0, "float32"))),
-                cb_loop(r_loop(s_loop(c_loop(update)))),
+                cb_loop(r_loop(s_loop(c_loop(*hints, update)))),
                 each(store(out[n, kb, oh, ow, k], _stored(epilogue, acc[a, p, j, k], b, kb,
                                                           (n, kb, oh, ow, k)))),
             ))]

@@ -8,7 +8,7 @@ Cache blocking comes from the middle factors of the splits; the outer blocks of 
 the batch) are fused into one parallel loop. A dense epilogue is applied when the last block
 of the reduction stores the tile (earlier blocks store partial sums that the next one reloads).
 A dense hints its weights' next reduction block into L2 while it computes on the current one:
-inside a model they come from memory (``_next_block_hints``).
+inside a model they come from memory (``weight_hints``).
 
 Splits must divide their axis, so an M without a useful divisor (ViT's 197 tokens is prime:
 every tile was one row, 2.3x slower than 200 rows) is computed as ``padded_extent(M)`` rows:
@@ -39,7 +39,6 @@ from schedule_templates.ir.nodes import (
     Var,
     binop,
     loop,
-    prefetch,
     store,
 )
 from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob, divisors
@@ -56,6 +55,7 @@ from schedule_templates.templates.choose import (
     vregs,
 )
 from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
+from schedule_templates.templates.weight_hints import row_hints
 from schedule_templates.workloads import BatchMatmul, Dense, Workload
 
 MAX_NR = 64
@@ -198,32 +198,15 @@ def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC,
     return par(k_outer(inner))
 
 
-#: floats in one 64-byte cache line
-LINE_FLOATS = 16
-#: the packed weights are prefetched into L2 (LLVM locality 2): into L1 they evicted the
-#: block being computed on (cold 4.70 against 4.42 ms, BERT-base's 128x768x3072 dense)
-PREFETCH_LOCALITY = 2
-
-
 def _next_block_hints(b: OperandB, bb: Expr, panel: Expr, k_next: Expr, nr: int, vi: Var,
                       mi: int) -> list[Stmt]:
-    """Prefetches, for one reduction step, of the right operand's row ``k_next`` of the panel
-    (one reduction block ahead: past the last block that is the next panel's first).
-
-    Inside a model a dense's packed weights come from memory (BERT-base's 340 MB do not stay in
-    any cache between inferences), and the register tile, issuing two FMAs a cycle, stalls on
-    every line the hardware prefetcher has not brought in: the 128x768x3072 dense ran 3.94 ms
-    with its weights in cache and 4.94 after a cache flush, the same as inside the model, on
-    Emerald Rapids. A row of the panel is ``nr / 16`` lines; the ``mi`` row tiles that reuse
-    the block take turns (tile ``vi`` fetches line ``vi % lines`` of each row), one hint per
-    step: 4.94 -> 4.09 ms flushed, 3.94 -> 3.78 warm. A hint per line in every tile gave 4.42
-    flushed and a branch to give them in the first tile only cost 80% (the accumulators
-    spilled)."""
-    lines = -(-nr // LINE_FLOATS)
-    if mi >= lines:
-        return [prefetch(b(bb, panel, k_next, (vi % lines) * LINE_FLOATS), PREFETCH_LOCALITY)]
-    return [prefetch(b(bb, panel, k_next, Const(line * LINE_FLOATS)), PREFETCH_LOCALITY)
-            for line in range(lines)]
+    """Hints, for one reduction step, of the right operand's row ``k_next`` of the panel (one
+    reduction block ahead; past the last block that is the next panel's first), the ``mi`` row
+    tiles that reuse a block taking turns. Weights cold (a cache flush before each run, as
+    inside a model), BERT-base's 128x768x3072 dense: 4.94 -> 4.09 ms; warm 3.94 -> 3.78. A
+    hint per line in every tile gave 4.42 flushed, and a branch to give them in the first tile
+    only made the kernel 80% slower (its accumulators spilled)."""
+    return row_hints(lambda j: b(bb, panel, k_next, j), nr, vi, mi)
 
 
 def _guarded(row: Expr, rows: int | None, body: Stmt) -> Stmt:

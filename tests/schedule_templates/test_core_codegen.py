@@ -135,16 +135,30 @@ def test_prefetch_hints_change_nothing_and_may_point_past_the_buffer():
         prefetch(src[0, 0], locality=4)
 
 
-def test_dense_prefetches_its_next_weight_block():
-    workload = parse_workload("dense:M=128,N=768,K=768,epilogue=bias")
-    template = get_template("dense")
-    kernel = template.lower(workload, template.default_config(workload))
-    text = format_kernel(kernel)
+@pytest.mark.parametrize("key, config", [
+    ("dense:M=128,N=768,K=768,epilogue=bias", {}),
+    ("conv2d:N=1,C=64,H=7,W=7,K=64,R=3,S=3,pad=1", {"algorithm": "direct"}),
+    ("conv2d:N=1,C=64,H=7,W=7,K=64,R=3,S=3,pad=1", {"algorithm": "direct",
+                                                    "reduce_order": "rs_c"}),
+    ("conv2d:N=1,C=64,H=14,W=14,K=64,R=3,S=3,pad=1", {"algorithm": "winograd2"}),
+    ("conv2d_nchwc:N=1,C=64,H=14,W=14,K=64,R=1,S=1,block=16", {}),
+])
+def test_weighted_kernels_hint_their_next_weights(key, config):
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    default = template.default_config(workload)
+    chosen = template.space(workload).from_entities(
+        {**{name: value for name, _kind, value in default.entities}, **config})
+    text = format_kernel(template.lower(workload, chosen))
     assert "prefetch weight_packed[" in text
-    assert "prefetch" not in format_kernel(get_template("batch_matmul").lower(
-        parse_workload("batch_matmul:B=2,M=16,N=16,K=16"),
-        get_template("batch_matmul").default_config(
-            parse_workload("batch_matmul:B=2,M=16,N=16,K=16"))))
+
+
+def test_batch_matmul_hints_nothing():
+    # both of its operands are activations, already in cache inside a model
+    workload = parse_workload("batch_matmul:B=2,M=16,N=16,K=16")
+    template = get_template("batch_matmul")
+    assert "prefetch" not in format_kernel(template.lower(workload,
+                                                          template.default_config(workload)))
 
 
 def test_printed_ir_is_readable():
