@@ -87,7 +87,7 @@ class DenseBf16X86(Template):
         partial = partial_buffer(config, rows_computed, wl.N, BF16)
         stages.append(dot_nest(config, BF16, a=lambda m, kg: rows[m, kg],
                                b=lambda p, kg, j: packed[p, kg, j], finish=finish,
-                               partial=partial,
+                               partial=partial, hint_b=True,
                                rows=None if rows_computed == wl.M else wl.M))
         if partial is not None:
             workspaces.append(partial)

@@ -117,7 +117,7 @@ class DenseInt8X86(Template):
         partial = partial_buffer(config, wl.M, n_pad, inst)
         stages.append(dot_nest(config, inst, a=lambda m, w: rows[m, w],
                                b=lambda p, w, j: packed[p, w, j], finish=finish,
-                               partial=partial))
+                               partial=partial, hint_b=True))
         if tiles is not out:
             workspaces.append(tiles)
             stages.append(copy_rows(tiles, lambda m, n: out[m, n], wl.M, wl.N))

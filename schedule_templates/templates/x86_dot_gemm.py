@@ -45,6 +45,7 @@ from schedule_templates.ir.nodes import (
 )
 from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from schedule_templates.templates.choose import ACC_REGISTERS, LANES, largest_divisor, three_way
+from schedule_templates.templates.weight_hints import row_hints
 
 MAX_NR = 64
 MAX_MR = 16
@@ -164,12 +165,14 @@ def partial_buffer(cfg: Config, M: int, N: int, inst: DotInstruction) -> Buffer 
 
 
 def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish: Finish,
-             partial: Buffer | None, swap: bool = False, rows: int | None = None) -> Stmt:
+             partial: Buffer | None, swap: bool = False, rows: int | None = None,
+             hint_b: bool = False) -> Stmt:
     """The blocked nest: ``a`` is broadcast per row, ``b`` loaded per 16 columns; ``swap``
     passes them to the instruction the other way round (VNNI's first operand is the unsigned
     one: a convolution broadcasts signed weights and loads unsigned activations). With
     ``rows``, only rows below it are finished (the nest computes more): the test stands
-    outside the vectorized loop, so a fused activation stays vectorized."""
+    outside the vectorized loop, so a fused activation stays vectorized. ``hint_b``: hint the
+    next reduction block of ``b`` (a dense's weights) into L2 (``weight_hints``)."""
     mo, mi, mr = cfg["tile_m"]
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
@@ -204,7 +207,11 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
         last = [IfThen(binop("==", kko, ko - 1), (out_stage,)),
                 IfThen(binop("<", kko, ko - 1),
                        (unroll_r(vec_j(store(partial[m0 + r, n0 + j], acc[r, j]))),))]
-    tile = Allocate(acc, (*init, k_inner(k_unroll(unroll_r(vec_j(step)))), *last))
+    hints: list[Stmt] = []
+    if hint_b:  # the words of a group are adjacent rows of the panel: one row of steps * nr
+        ahead = (kg + ki * ku) * inst.steps
+        hints = row_hints(lambda x: b(panel, ahead, x), inst.steps * nr, vi, mi)
+    tile = Allocate(acc, (*init, k_inner(k_unroll(*hints, unroll_r(vec_j(step)))), *last))
     inner = vj_mk(vi_mk(tile)) if cfg["inner_order"] == "nm" else vi_mk(vj_mk(tile))
     return blocks(k_outer(inner))
 
