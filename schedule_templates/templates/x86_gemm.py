@@ -144,9 +144,9 @@ Finish = Callable[[Expr, Expr, Expr, Expr], Expr]  # (accumulator, batch, m, n) 
 
 def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC,
               finish: Finish | None = None, rows: int | None = None,
-              after: Callable[[Expr], Expr] | None = None, prefetch_b: bool = False) -> Stmt:
+              after: Callable[[Expr], Expr] | None = None, hint_b: bool = False) -> Stmt:
     """The loop nest shared by dense and batch_matmul; ``finish`` is the fused epilogue.
-    ``prefetch_b``: hint the right operand's next reduction block into L2 (a dense's weights,
+    ``hint_b``: hint the right operand's next reduction block into L2 (a dense's weights,
     which inside a model come from memory; ``_next_block_hints``).
     ``rows``: store only rows below it (the splits cover more rows than the output has).
     ``after``: a costly activation applied to the stored tile row by row once the whole
@@ -179,7 +179,7 @@ def gemm_nest(cfg: Config, batch: int, a: OperandA, b: OperandB, c: OperandC,
         result = finish(acc[r, j], bb, m0 + r, n0 + j)
         if ko > 1:  # only the last reduction block stores the finished value
             result = Select(binop("==", kko, ko - 1), result, acc[r, j])
-    hints = _next_block_hints(b, bb, panel, k + ki * ku, nr, vi, mi) if prefetch_b else []
+    hints = _next_block_hints(b, bb, panel, k + ki * ku, nr, vi, mi) if hint_b else []
     stages: list[Stmt] = [
         unroll_r(vec_j(store(acc[r, j], init))),
         k_inner(k_unroll(*hints, unroll_r(vec_j(
@@ -251,7 +251,7 @@ class DenseX86(Template):
             if wl.epilogue else None,
             rows=wl.M if extra else None,
             after=epilogue.activation if epilogue.deferred else None,
-            prefetch_b=True,
+            hint_b=True,
         )
         return Kernel("dense_x86", (data, packed, *epilogue.buffers, out), (), (body,))
 
