@@ -89,6 +89,30 @@ def test_bf16_is_refused_on_a_cpu_without_the_instructions(tmp_path: Path,
     assert not (tmp_path / "lib").exists()
 
 
+@pytest.mark.parametrize("fp32, bf16, warned", [(174.0, 86.0, True), (272.0, 537.0, False)])
+def test_bf16_warns_where_its_dot_product_does_not_outrun_the_fmas(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fp32: float,
+        bf16: float, warned: bool) -> None:
+    # the two peaks measured on Emerald Rapids (no AMX) and on Zen 5
+    peaks = {"fma": fp32, "dpbf16ps": bf16}
+    monkeypatch.setattr("schedule_templates.peak.measure_peak_gflops",
+                        lambda threads=1, repeat=15, instruction="fma": peaks[instruction])
+    monkeypatch.setattr(library_module, "host_features", lambda: "+avx512f,+avx512bf16")
+    with caplog.at_level("WARNING", logger=library_module.__name__):
+        library_module.check_build_precision("bf16")
+    assert any("slower in bf16 than in fp32" in r.getMessage() for r in caplog.records) is warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=library_module.__name__):
+        library_module.check_build_precision("fp32")  # fp32 measures nothing
+    assert not caplog.records
+
+
+@needs_bf16
+def test_bf16_peak_loops_run_on_this_cpu() -> None:
+    advice = library_module.bf16_advice()  # the real loops: a verdict, not an error
+    assert advice is None or ("GFLOPS" in advice and "fp32 FMAs" in advice)
+
+
 @needs_bf16
 def test_bf16_bert_block_is_close_to_fp32_and_really_bf16(tmp_path: Path) -> None:
     model = build_sample_model("bert_block")

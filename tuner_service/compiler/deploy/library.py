@@ -174,6 +174,33 @@ def check_build_precision(precision: str) -> None:
     if precision == "bf16" and "+avx512bf16" not in host_features().split(","):
         raise BuildError("--precision bf16 needs a CPU with AVX-512 BF16 (vdpbf16ps); this "
                          f"one ({host_json()['cpu']}) lacks it: build with fp32")
+    if precision == "bf16":
+        advice = bf16_advice()
+        if advice:
+            logger.warning("%s", advice)
+
+
+#: bf16 pays where its dot product outruns the FMAs by at least this (Zen 4/5: about 2x)
+BF16_WORTH = 1.2
+
+
+def bf16_advice() -> str | None:
+    """A warning when this CPU's ``vdpbf16ps`` does not outrun its fp32 FMAs (Intel cores
+    without AMX issue it at half their FMA rate: bf16 ResNet-50 ran 95 ms against 53 in fp32
+    on Emerald Rapids), measured by the peak loops on one core (a few milliseconds); None
+    where bf16 pays or the loops cannot run."""
+    from schedule_templates.peak import measure_peak_gflops
+
+    try:
+        fp32 = measure_peak_gflops(1, repeat=5)
+        bf16 = measure_peak_gflops(1, repeat=5, instruction="dpbf16ps")
+    except ScheduleError:
+        return None
+    if bf16 >= BF16_WORTH * fp32:
+        return None
+    return (f"on this CPU ({host_json()['cpu']}) bf16 dot products peak at {bf16:.0f} GFLOPS "
+            f"against {fp32:.0f} for fp32 FMAs: layers that are compute-bound will run slower "
+            "in bf16 than in fp32 (build with fp32, or time both with `tuner run`)")
 
 
 def default_threads(requested: int | None, tuned: int | None) -> int:
