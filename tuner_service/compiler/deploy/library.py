@@ -25,6 +25,7 @@ kernels do not match it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -175,9 +176,16 @@ def check_build_precision(precision: str) -> None:
         raise BuildError("--precision bf16 needs a CPU with AVX-512 BF16 (vdpbf16ps); this "
                          f"one ({host_json()['cpu']}) lacks it: build with fp32")
     if precision == "bf16":
-        advice = bf16_advice()
-        if advice:
-            logger.warning("%s", advice)
+        warn_if_bf16_is_slow()
+
+
+@functools.cache
+def warn_if_bf16_is_slow() -> None:
+    """``bf16_advice`` as a warning, once a process (``layout auto`` builds up to three
+    libraries)."""
+    advice = bf16_advice()
+    if advice:
+        logger.warning("%s", advice)
 
 
 #: bf16 pays where its dot product outruns the FMAs by at least this (Zen 4/5: about 2x)
