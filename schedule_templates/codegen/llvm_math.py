@@ -46,11 +46,16 @@ _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-
              3.3333331174e-1)
 _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
               -3.33332819422e-1)
-# erf(x) = 2/sqrt(pi) * (x - x^3/3 + x^5/10 - x^7/42 + x^9/216 - x^11/1320), in powers of x^2
-_ERF_TAYLOR = tuple(1.1283791670955126 * c for c in
-                    (-1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1.0))
-_ERF_AS_P = 0.3275911
-_ERF_AS_POLY = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0)
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf rounds to +-1 in float32), highest power
+# first. Our own fit (``scripts/fit_erf.py``: least squares on P - erf(x)/x Q, reweighted towards
+# the largest errors): 2.5e-8 relative error in float64, 2.9e-7 absolute once evaluated in
+# float32. No exp and one division: GELU over 1M floats ran 0.77 -> 0.35 ms (Zen 4) against the
+# Abramowitz-Stegun form it replaces (a Taylor branch beside exp, a division and a polynomial).
+_ERF_SATURATES = 4.0
+_ERF_P = (1.9867275113938376e-06, 0.000284561887383461, 0.00388334016315639,
+          0.053101714700460434, 0.19354553520679474, 1.1283791065216064)
+_ERF_Q = (3.7419391446746886e-05, 0.001185562927275896, 0.015207244083285332,
+          0.11535011231899261, 0.5048578381538391, 1.0)
 _FLT_MIN = 1.17549435e-38
 #: just above ln(_FLT_MIN) (-87.336545) as a float32: e^x is normal from here up; below it
 #: e^x is flushed to zero
@@ -171,15 +176,10 @@ class _Math:
 
     def erf(self, x: ir.Value) -> ir.Value:
         b = self.b
-        ax = self.intrinsic("fabs", x)
-        z = b.fmul(x, x)
-        small = b.fmul(self.horner(_ERF_TAYLOR, z), x)
-        axc = self.clamp(ax, 0.0, 6.0)  # erf is 1 in float32 well before 6; NaN handled below
-        t = b.fdiv(self.f(1.0), self.fma(axc, self.f(_ERF_AS_P), self.f(1.0)))
-        tail = b.fmul(self.horner(_ERF_AS_POLY, t), self.exp(self.neg(b.fmul(axc, axc))))
-        big = b.fsub(self.f(1.0), tail)
-        big = b.select(self.lt(x, self.f(0.0)), self.neg(big), big)
-        y = b.select(self.lt(ax, self.f(0.5)), small, big)
+        xc = self.clamp(x, -_ERF_SATURATES, _ERF_SATURATES)  # NaN put back below
+        z = b.fmul(xc, xc)
+        y = b.fdiv(b.fmul(self.horner(_ERF_P, z), xc), self.horner(_ERF_Q, z))
+        y = self.clamp(y, -1.0, 1.0)  # the fit overshoots 1 by an ulp or two near 4
         return b.select(self.is_nan(x), x, y)
 
 
