@@ -83,8 +83,9 @@ def candidates(key: str, n: int, seed: int = 0) -> list[int]:
 
 def ranking(key: str, threads: int, n: int) -> dict[str, Any]:
     """How the warm ranking of ``key``'s configs predicts the flushed one (``--configs``)."""
-    template = get_template(parse_workload(key).op)
-    space = template.space(parse_workload(key))
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    space = template.space(workload)
     rows = [measure(key, threads, space.get(i).to_json()) for i in candidates(key, n)]
     timed = [r for r in rows if "flushed_ms" in r]
     out: dict[str, Any] = {"workload": key, "template": template.name, "configs": len(rows),
