@@ -44,9 +44,13 @@ _INTEL = {
 #: Arm (implementer 0x41) part -> microarchitecture
 _ARM = {0xD0C: "neoverse-n1", 0xD40: "neoverse-v1", 0xD49: "neoverse-n2",
         0xD4F: "neoverse-v2", 0xD8E: "neoverse-n3", 0xD84: "neoverse-v3"}
-#: x86-64 micro-architecture levels (psABI), highest first, by the flags each adds
+#: x86-64 micro-architecture levels (psABI), highest first, by the flags each needs; AMX
+#: (whose tiles the kernel exposes only where it saves their state) is a level of its own: a
+#: dense or convolution config there lowers to tile instructions, not to the vector kernel
+_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 _X86_LEVELS = (
-    ("x86-64-v4", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+    ("x86-64-v4-amx", (*_V4, "amx_tile", "amx_int8", "amx_bf16")),
+    ("x86-64-v4", _V4),
     ("x86-64-v3", ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe")),
     ("x86-64-v2", ("cx16", "popcnt", "sse4_1", "sse4_2", "ssse3")),
 )

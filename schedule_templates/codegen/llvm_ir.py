@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from schedule_templates.codegen.llvm_amx import emit_tile_matmul, release_tiles
 from schedule_templates.codegen.llvm_dtypes import I32, I64, element
 from schedule_templates.codegen.llvm_expr import (
     FunctionScope,
@@ -26,6 +27,7 @@ from schedule_templates.codegen.llvm_expr import (
     vectorizable,
 )
 from schedule_templates.errors import CodegenError
+from schedule_templates.ir.amx import TileMatmul
 from schedule_templates.ir.analysis import substitute_stmt
 from schedule_templates.ir.nodes import (
     Allocate,
@@ -76,6 +78,7 @@ class LLVMGenerator(StmtFunctor[None]):
                                 in_parallel=False)
         self._nthreads = fn.args[-1]
         self._body(self.kernel.body)
+        release_tiles(self.scope)
         self.scope.builder.ret_void()
         return self.module
 
@@ -108,6 +111,9 @@ class LLVMGenerator(StmtFunctor[None]):
 
     def visit_prefetch(self, s: Prefetch) -> None:
         self.scope.prefetch(s)
+
+    def visit_tile_matmul(self, s: TileMatmul) -> None:
+        emit_tile_matmul(self.scope, s)
 
     def visit_allocate(self, s: Allocate) -> None:
         self.scope.buffers[s.buffer] = self._alloca(s.buffer)
@@ -169,6 +175,7 @@ class LLVMGenerator(StmtFunctor[None]):
             in_parallel=True,
         )
         self._serial_loop(s, body_fn.args[-2], body_fn.args[-1])
+        release_tiles(self.scope)
         self.scope.builder.ret_void()
         self.scope = scope
 

@@ -17,10 +17,12 @@ unless the pass gives its own fallback.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from schedule_templates.errors import ScheduleError
+from schedule_templates.ir.amx import TileMatmul
 from schedule_templates.ir.nodes import (
     Allocate,
     Barrier,
@@ -54,11 +56,11 @@ EXPR_METHODS: dict[type[Expr], str] = {
 STMT_METHODS: dict[type[Stmt], str] = {
     Store: "visit_store", Loop: "visit_loop", Allocate: "visit_allocate",
     IfThen: "visit_ifthen", Barrier: "visit_barrier", WarpMma: "visit_warp_mma",
-    Prefetch: "visit_prefetch",
+    Prefetch: "visit_prefetch", TileMatmul: "visit_tile_matmul",
 }
 #: statements a pass that does not override them handles through their ``expand()`` form
 #: (the same arithmetic in ordinary nodes), not through ``default_stmt``
-_EXPANDED = {"visit_warp_mma"}
+_EXPANDED = {"visit_warp_mma", "visit_tile_matmul"}
 
 
 class UnknownNodeError(ScheduleError, TypeError):
@@ -168,6 +170,9 @@ class StmtFunctor(Generic[R]):
         return self.default_stmt(s)
 
     def visit_warp_mma(self, s: WarpMma) -> R:
+        return self.visit_stmt(s.expand())
+
+    def visit_tile_matmul(self, s: TileMatmul) -> R:
         return self.visit_stmt(s.expand())
 
 
@@ -316,6 +321,14 @@ class StmtMutator(StmtFunctor[Stmt], ExprMutator):
         if not (isinstance(acc, Load) and isinstance(a, Load) and isinstance(b, Load)):
             return self.visit_stmt(s.expand())  # a pass replaced a buffer access by a value
         return WarpMma(acc, a, b, lane)
+
+    def visit_tile_matmul(self, s: TileMatmul) -> Stmt:
+        a, b = self.visit_expr(s.a), self.visit_expr(s.b)
+        if a is s.a and b is s.b:
+            return s
+        if not (isinstance(a, Load) and isinstance(b, Load)):
+            return self.visit_stmt(s.expand())  # a pass replaced a buffer access by a value
+        return dataclasses.replace(s, a=a, b=b)
 
 
 ExprFunctor._expr_table = _table(ExprFunctor, EXPR_METHODS, ExprFunctor, "default_expr")

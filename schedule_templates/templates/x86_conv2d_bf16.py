@@ -15,7 +15,9 @@ computes only the real pixels.
 
 Against fp32 FMAs each instruction does twice the multiplies, so a layer whose fp32 kernel runs
 near the FMA peak can run up to twice as fast on CPUs whose BF16 unit issues like their FMAs
-(AMD Zen 4/5); see ``x86_dense_bf16`` for the others.
+(AMD Zen 4/5); see ``x86_dense_bf16`` for the others. On hosts with AMX-BF16, groups of a
+multiple of 32 input channels run the GEMM on tiles (``x86_amx_gemm``, ``tdpbf16ps``), as the
+int8 convolution does.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
+from schedule_templates.templates import x86_amx_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
@@ -49,6 +52,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 )
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
+    TileGeometry,
     copy_out,
     image_groups,
     phase_stage,
@@ -88,18 +92,25 @@ class Conv2dBf16X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dBf16)
-        geo = Geometry(wl, BF16)
-        nr, kg, tile = config["tile_n"][2], wl.group_out, pk_tile(config)
+        geo = _geometry(wl)
+        kg = wl.group_out
+        plan = (x86_amx_gemm.amx_blocking(config, kg, geo.columns)
+                if isinstance(geo, TileGeometry) else None)
+        nr, tile = config["tile_n"][2], None if plan is not None else pk_tile(config)
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
-        weight = (Buffer("weight_packed", (wl.groups, kg // tile[1], geo.words, tile[1]),
-                         dtype="int32") if tile is not None
-                  else Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32"))
+        if plan is not None:
+            weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, geo.words)
+        elif tile is not None:
+            weight = Buffer("weight_packed", (wl.groups, kg // tile[1], geo.words, tile[1]),
+                            dtype="int32")
+        else:
+            weight = Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32")
         taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
         out = Buffer("out", wl.output_shape())
         epilogue = epilogue_stage(wl)
         frame = image_groups(geo, config)
         tiles = Buffer("tiles", (frame.slots, kg, geo.columns), Scope.WORKSPACE)
-        partial = partial_buffer(config, kg, geo.columns, BF16)
+        partial = None if plan is not None else partial_buffer(config, kg, geo.columns, BF16)
 
         n, g, slot, phased, base = frame.n, frame.g, frame.slot, frame.phased, frame.base
         prepare = phase_stage(wl, geo, data, Const(0, "int32"), phased, n, g,
@@ -125,9 +136,14 @@ class Conv2dBf16X86(Template):
                 return store(out[at], epilogue.apply(acc, k, at) if wl.epilogue else acc)
             return store(tiles[slot, m, q], acc)  # the epilogue runs on the copy (real pixels only)
 
-        nest = dot_nest(config, BF16, a=lambda m, w: weight[g, m, w],
-                        b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
-                        finish=finish, partial=partial, swap=True)
+        if plan is not None:
+            operands = x86_amx_gemm.conv_operands("tdpbf16ps", weight, g, phased, base, taps,
+                                                  geo.words, geo.plane)
+            nest = x86_amx_gemm.amx_nest(plan, operands, "float32", finish, kg)
+        else:
+            nest = dot_nest(config, BF16, a=lambda m, w: weight[g, m, w],
+                            b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
+                            finish=finish, partial=partial, swap=True)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
@@ -141,14 +157,25 @@ class Conv2dBf16X86(Template):
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, Conv2dBf16)
-        geo = Geometry(wl, BF16)
+        geo = _geometry(wl)
         weight = np.asarray(inputs["weight"], dtype=np.float32)
         # [K][R][S][channels padded to pairs] of bf16 bits: the reduction's order, 2 per word
         values = np.zeros((wl.K, wl.R, wl.S, padded_k(wl.group_in, BF16)), dtype=np.uint16)
         values[..., :wl.group_in] = to_bfloat16(weight.transpose(0, 2, 3, 1))
-        tile = pk_tile(config)
+        tile = None if isinstance(geo, TileGeometry) else pk_tile(config)
         packed = (pack_pixel_row_weights(values, wl.groups, tile[1], BF16) if tile is not None
                   else as_words(values).reshape(wl.groups, wl.group_out, geo.words))
+        if isinstance(geo, TileGeometry):
+            rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.columns).M
+            packed = x86_amx_gemm.pack_row_tiles(packed, rows)
         return {"data": np.asarray(inputs["data"], dtype=np.float32),
                 "weight_packed": np.ascontiguousarray(packed),
                 "tap_offsets": geo.tap_offsets(), **epilogue_arguments(wl, inputs)}
+
+
+def _geometry(wl: Conv2dBf16) -> Geometry:
+    """AMX tiles where the host has AMX-BF16 and a tile step (32 channels) stays inside one
+    tap; ``vdpbf16ps`` else."""
+    tiles = (wl.group_in % (2 * x86_amx_gemm.TILE_WORDS) == 0
+             and x86_amx_gemm.host_amx("tdpbf16ps"))
+    return TileGeometry(wl, BF16) if tiles else Geometry(wl, BF16)

@@ -22,6 +22,12 @@ On small maps the dropped columns are much of the work (7x7: 64 columns for 49 p
 space has a second orientation, pixel rows (``pk_tile=RxW``, ``x86_pixel_rows``): rows are the
 real output pixels and columns output channels, stored one byte at a time into NCHW; the
 default takes it where that beats the dropped columns (VNNI hosts).
+
+On hosts with AMX, a layer whose groups have a multiple of 64 input channels (one tile step,
+64 bytes, stays inside one tap) runs the GEMM on tiles (``x86_amx_gemm``): ``tdpbsud`` with
+the signed weights as the tile rows and 16 pixels' channel words of one reduction step as a
+tile of the other operand (a phase plane apart), so the orientation and the output stage stay
+these; the columns are rounded to whole 32-pixel register blocks instead (``TileGeometry``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
-from schedule_templates.templates import x86_dot_gemm
+from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.requantize import (
@@ -69,6 +75,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 )
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
+    TileGeometry,
     copy_out,
     image_groups,
     phase_stage,
@@ -111,19 +118,25 @@ class Conv2dInt8X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dInt8)
-        geo = Geometry(wl, x86_dot_gemm.int8_instruction())
+        geo = _geometry(wl)
         if is_depthwise(wl):
             layout = (geo.phase_h, geo.phase_w, geo.columns, geo.plane)
             return depthwise_kernel(wl, config, layout)
         inst, nr = geo.inst, config["tile_n"][2]
         kg = wl.group_out
-        tile = pk_tile(config)
+        plan = (x86_amx_gemm.amx_blocking(config, kg, geo.columns)
+                if isinstance(geo, TileGeometry) else None)
+        tile = None if plan is not None else pk_tile(config)
         pk = tile is not None
         width = tile[1] if tile is not None else 0
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W), dtype="uint8")
-        weight = (Buffer("weight_packed", (wl.groups, kg // width, geo.words, width),
-                         dtype="int32") if pk
-                  else Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32"))
+        if plan is not None:
+            weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, geo.words)
+        elif pk:
+            weight = Buffer("weight_packed", (wl.groups, kg // width, geo.words, width),
+                            dtype="int32")
+        else:
+            weight = Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32")
         taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
         data_zp = Buffer("data_zero_point", (1,), dtype="int32")
         comp = Buffer("compensation", (wl.K,), dtype="int32")
@@ -148,7 +161,7 @@ class Conv2dInt8X86(Template):
 
         frame = image_groups(geo, config)
         tiles = Buffer("tiles", (frame.slots, kg, geo.columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
-        partial = partial_buffer(config, kg, geo.columns, inst)
+        partial = None if plan is not None else partial_buffer(config, kg, geo.columns, inst)
 
         n, g, slot, phased, base = frame.n, frame.g, frame.slot, frame.phased, frame.base
         prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base)
@@ -172,10 +185,14 @@ class Conv2dInt8X86(Template):
                                 out_zp[0], wl.out)
             return store(tiles[slot, m, q], value)
 
-        nest = dot_nest(config, inst, a=lambda m, w: weight[g, m, w],
-                        b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
-                        finish=finish,
-                        partial=partial, swap=True)
+        if plan is not None:  # signed weights as the tiles' rows: tdpbsud
+            operands = x86_amx_gemm.conv_operands("tdpbsud", weight, g, phased, base, taps,
+                                                  geo.words, geo.plane)
+            nest = x86_amx_gemm.amx_nest(plan, operands, "int32", finish, kg)
+        else:
+            nest = dot_nest(config, inst, a=lambda m, w: weight[g, m, w],
+                            b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
+                            finish=finish, partial=partial, swap=True)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
@@ -189,7 +206,7 @@ class Conv2dInt8X86(Template):
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, Conv2dInt8)
-        geo = Geometry(wl, x86_dot_gemm.int8_instruction())
+        geo = _geometry(wl)
         weight = typed(inputs, "weight", np.int8)
         data_zp = typed(inputs, "data_zero_point", np.uint8).astype(np.int32).reshape(1)
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
@@ -217,10 +234,22 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
     cg = padded_k(wl.group_in, VNNI)
     values = np.zeros((wl.K, wl.R, wl.S, cg), dtype=np.int8 if geo.inst is VNNI else np.int16)
     values[..., :wl.group_in] = weight.transpose(0, 2, 3, 1)
-    tile = pk_tile(config)
+    tile = None if isinstance(geo, TileGeometry) else pk_tile(config)
     if tile is not None:
         return pack_pixel_row_weights(values, wl.groups, tile[1], geo.inst)
     words = as_words(values).reshape(wl.groups, wl.group_out, geo.words)
+    if isinstance(geo, TileGeometry):
+        rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.columns).M
+        return x86_amx_gemm.pack_row_tiles(words, rows)
     return np.ascontiguousarray(words)
+
+
+def _geometry(wl: Conv2dInt8) -> Geometry:
+    """AMX tiles where the host has them and a tile step (64 bytes: 64 channels) stays inside
+    one tap; the vector instruction of the host else."""
+    inst = x86_dot_gemm.int8_instruction()
+    tiles = (inst is VNNI and not is_depthwise(wl) and wl.group_in % x86_amx_gemm.TILE_K == 0
+             and x86_amx_gemm.host_amx("tdpbsud"))
+    return TileGeometry(wl, inst) if tiles else Geometry(wl, inst)
 
 

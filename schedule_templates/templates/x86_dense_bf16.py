@@ -13,6 +13,10 @@ words, one parallel pass over the rows (M x K, small next to the M x N x K produ
 workspace has room for M rounded up as ``dense`` rounds it (``padded_extent``: ViT's 197 tokens
 are computed as 200 rows, the extra ones never stored), so a prime M does not force one-row
 register tiles. A fused epilogue is computed in fp32 on the finished sums, as ``dense``'s is.
+
+On hosts with AMX-BF16 a layer with whole 32-column register blocks runs on tiles
+(``x86_amx_gemm``, ``tdpbf16ps``: 16 rows x 32 values x 16 columns a step) with the same
+epilogue.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from schedule_templates.ir.nodes import Buffer, Expr, Kernel, Scope, Stmt, cast, store
 from schedule_templates.space import Config, ConfigSpace
+from schedule_templates.templates import x86_amx_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.epilogue import epilogue_arguments, epilogue_stage
@@ -63,6 +68,8 @@ class DenseBf16X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseBf16)
+        if _on_tiles(wl):
+            return _lower_amx(wl, config)
         nr = config["tile_n"][2]
         words, rows_computed = wl.K // 2, _rows(wl)
         stages: list[Stmt] = []
@@ -99,11 +106,59 @@ class DenseBf16X86(Template):
         wl = _as(workload, DenseBf16)
         nr = config["tile_n"][2]
         weight = to_bfloat16(np.asarray(inputs["weight"], dtype=np.float32))
-        packed = as_words(pack_panels(weight, nr, 2)).reshape(wl.N // nr, wl.K // 2, nr)
+        if _on_tiles(wl):  # panels of 16 columns, K padded with +0.0 to whole tile steps
+            words = x86_amx_gemm.padded_words(wl.K, 2)
+            weight = np.pad(weight, ((0, 0), (0, 2 * words - wl.K)))
+            nr = 16
+        packed = as_words(pack_panels(weight, nr, 2)).reshape(wl.N // nr, -1, nr)
         # bf16 activations are only reinterpreted (the same bits as words), not transformed
         data = (as_words(typed(inputs, "data", np.uint16)) if wl.data == "bf16"
                 else np.asarray(inputs["data"], dtype=np.float32))
         return {"data": data, "weight_packed": packed, **epilogue_arguments(wl, inputs)}
+
+
+def _on_tiles(wl: DenseBf16) -> bool:
+    """AMX where the host has it, for whole register blocks of columns; bf16 activations are
+    read in place, so only in whole blocks of rows and tile steps of K."""
+    if wl.N % x86_amx_gemm.BLOCK_COLS or not x86_amx_gemm.host_amx("tdpbf16ps"):
+        return False
+    return wl.data == "f32" or _bf16_in_place(wl)
+
+
+def _bf16_in_place(wl: DenseBf16) -> bool:
+    plan_m = x86_amx_gemm.amx_blocking_rows(wl.M)
+    return wl.data == "bf16" and plan_m == wl.M and wl.K % (2 * x86_amx_gemm.TILE_WORDS) == 0
+
+
+def _lower_amx(wl: DenseBf16, config: Config) -> Kernel:
+    """The AMX form (``x86_amx_gemm``, ``tdpbf16ps``): the same buffers and epilogue; fp32
+    activations are rounded into rows padded to whole register blocks and tile steps (+0.0
+    past K: a NaN from uninitialised bits would not vanish in a product with a zero weight)."""
+    plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N)
+    words = x86_amx_gemm.padded_words(wl.K, 2)
+    stages: list[Stmt] = []
+    workspaces: list[Buffer] = []
+    if wl.data == "bf16":
+        data = Buffer("data", (wl.M, words), dtype="int32")
+        rows = data
+    else:
+        data = Buffer("data", (wl.M, wl.K))
+        rows = Buffer("data_words", (plan.M, words), Scope.WORKSPACE, "int32")
+        workspaces.append(rows)
+        stages.append(word_rows(lambda m, w: rows[m, w],
+                                lambda m, k: cast("int32", cast("bfloat16", data[m, k])),
+                                wl.M, wl.K, words, BF16))
+    packed = Buffer("weight_packed", (wl.N // 16, words, 16), dtype="int32")
+    out = Buffer("out", (wl.M, wl.N))
+    epilogue = epilogue_stage(wl)
+
+    def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
+        return store(out[m, n], epilogue.apply(acc, n, (m, n)) if wl.epilogue else acc)
+
+    operands = x86_amx_gemm.dense_operands("tdpbf16ps", rows, packed, words)
+    stages.append(x86_amx_gemm.amx_nest(plan, operands, "float32", finish, wl.M))
+    return Kernel("dense_bf16_amx", (data, packed, *epilogue.buffers, out), tuple(workspaces),
+                  tuple(stages))
 
 
 def _rows(wl: DenseBf16) -> int:

@@ -17,8 +17,11 @@ rounds half to even, adds the zero point and narrows: onnxruntime's QLinearMatMu
 without an integer overflow on the way. With ``add`` (a quantized addition of a per-column
 constant fused after the product, ``DenseInt8``), the 8-bit value is not stored: it is
 dequantized, the constant added and the sum quantized again in registers, in the fp32 operations
-of the unfused glue kernel (``ops.quant.QuantizedBinary``), so the bytes are the same. AMX tiles
-are a later step.
+of the unfused glue kernel (``ops.quant.QuantizedBinary``), so the bytes are the same.
+
+On hosts with AMX (``x86_amx_gemm.host_amx``) the same config lowers to tile instructions
+(``tdpbusd``: 16 rows x 64 bytes x 16 columns a step) with the same output stage; the weights
+are packed in panels of 16 columns with K padded to whole 64-byte tile steps.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
-from schedule_templates.templates import x86_dot_gemm
+from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
 from schedule_templates.templates.base import Template, register
 from schedule_templates.templates.base import as_workload as _as
 from schedule_templates.templates.requantize import (
@@ -83,6 +86,8 @@ class DenseInt8X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseInt8)
+        if _on_tiles():
+            return _lower_amx(wl, config)
         inst = x86_dot_gemm.int8_instruction()
         nr = config["tile_n"][2]
         n_pad, words = padded_n(wl.N), padded_k(wl.K, inst) // inst.per_word
@@ -132,16 +137,21 @@ class DenseInt8X86(Template):
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, DenseInt8)
         inst = x86_dot_gemm.int8_instruction()
-        nr = config["tile_n"][2]
-        n_pad = padded_n(wl.N)
         weight = typed(inputs, "weight", np.int8)
         data = typed(inputs, "data", np.uint8)
         data_zp = int(typed(inputs, "data_zero_point", np.uint8).reshape(-1)[0])
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
+        if _on_tiles():
+            plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N)
+            n_pad, in_place = plan.N, _amx_in_place(wl, plan)
+            packed = pack_amx_panels(weight, n_pad)
+        else:
+            n_pad, in_place = padded_n(wl.N), _reads_data_in_place(wl, inst)
+            packed = pack_int8_panels(weight, n_pad, config["tile_n"][2], inst)
         args = {
             # activations are only reinterpreted (the same bytes as words), not transformed
-            "data": as_words(data) if _reads_data_in_place(wl, inst) else data,
-            "weight_packed": pack_int8_panels(weight, n_pad, nr, inst),
+            "data": as_words(data) if in_place else data,
+            "weight_packed": packed,
             "compensation": pad_to(compensation(wl.bias, inputs, weight, data_zp), n_pad),
             "scale": pad_to(scale, n_pad) if wl.scale == "channel" else scale,
         }
@@ -151,6 +161,69 @@ class DenseInt8X86(Template):
         if wl.add != "none":
             args.update(AddBuffers.pack(inputs, n_pad))
         return args
+
+
+def _on_tiles() -> bool:
+    """AMX where the host has it (every such CPU has VNNI: a test forcing another instruction
+    forces the vector kernel)."""
+    return x86_dot_gemm.int8_instruction() is VNNI and x86_amx_gemm.host_amx("tdpbusd")
+
+
+def _lower_amx(wl: DenseInt8, config: Config) -> Kernel:
+    """The AMX form: the same buffers and output stage around ``x86_amx_gemm.amx_nest``."""
+    plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N)
+    words = x86_amx_gemm.padded_words(wl.K)
+    stages: list[Stmt] = []
+    workspaces: list[Buffer] = []
+    if _amx_in_place(wl, plan):
+        data = Buffer("data", (wl.M, wl.K // 4), dtype="int32")  # 4 u8 per word
+        rows = data
+    else:  # rows padded to whole register blocks, K to whole tile steps (zero past K)
+        data = Buffer("data", (wl.M, wl.K), dtype="uint8")
+        rows = Buffer("data_words", (plan.M, words), Scope.WORKSPACE, "int32")
+        workspaces.append(rows)
+        stages.append(word_rows(lambda m, w: rows[m, w], lambda m, k: cast("int32", data[m, k]),
+                                wl.M, wl.K, words, VNNI))
+    packed = Buffer("weight_packed", (plan.N // 16, words, 16), dtype="int32")
+    compensation = Buffer("compensation", (plan.N,), dtype="int32")
+    scale = Buffer("scale", (plan.N,) if wl.scale == "channel" else (1,))
+    zero_point = Buffer("out_zero_point", (1,), dtype="int32")
+    added = AddBuffers(plan.N) if wl.add != "none" else None
+    out = Buffer("out", (wl.M, wl.N), dtype=OUT_DTYPES[wl.add if added else wl.out])
+    tiles = out if plan.N == wl.N else Buffer("out_padded", (wl.M, plan.N), Scope.WORKSPACE,
+                                               out.dtype)
+
+    def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
+        value = requantized(acc + compensation[n],
+                            scale[n if wl.scale == "channel" else 0], zero_point[0], wl.out)
+        if added is not None:
+            value = added.expr(value, n, wl.add)
+        return store(tiles[m, n], value)
+
+    operands = x86_amx_gemm.dense_operands("tdpbusd", rows, packed, words)
+    stages.append(x86_amx_gemm.amx_nest(plan, operands, "int32", finish, wl.M))
+    if tiles is not out:
+        workspaces.append(tiles)
+        stages.append(copy_rows(tiles, lambda m, n: out[m, n], wl.M, wl.N))
+    params = (data, packed, compensation, scale,
+              *(() if wl.out == "f32" else (zero_point,)),
+              *(added.params if added else ()), out)
+    return Kernel("dense_int8_amx", params, tuple(workspaces), tuple(stages))
+
+
+def _amx_in_place(wl: DenseInt8, plan: x86_amx_gemm.AmxBlocking) -> bool:
+    """Tiles read the activations as they are when every tile row lies inside them."""
+    return wl.M == plan.M and wl.K % x86_amx_gemm.TILE_K == 0
+
+
+def pack_amx_panels(weight: np.ndarray, columns: int) -> np.ndarray:
+    """s8 ``weight[N, K]`` -> int32 words ``[columns/16][K'/4][16]``, K padded with zero
+    weights to whole tile steps (64 bytes), zero columns up to ``columns``."""
+    n, k = weight.shape
+    words = x86_amx_gemm.padded_words(k)
+    values = np.zeros((columns, 4 * words), dtype=np.int8)
+    values[:n, :k] = weight
+    return as_words(pack_panels(values, 16, 4)).reshape(columns // 16, words, 16)
 
 
 def _reads_data_in_place(wl: DenseInt8, inst: DotInstruction) -> bool:

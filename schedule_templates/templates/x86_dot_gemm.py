@@ -177,7 +177,7 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
     no, ni, nr = cfg["tile_n"]
     ko, ki, ku = cfg["tile_k"]
     kko, k_outer = loop("k_o", ko)
-    blocks, (jo, io) = _block_loops(cfg["parallel"], cfg["outer_order"], mo, no)
+    blocks, (jo, io) = block_loops(cfg["parallel"], cfg["outer_order"], mo, no)
     vj, vj_mk = loop("j_i", ni)
     vi, vi_mk = loop("m_i", mi)
     panel = jo * ni + vj
@@ -216,7 +216,7 @@ def dot_nest(cfg: Config, inst: DotInstruction, a: OperandA, b: OperandB, finish
     return blocks(k_outer(inner))
 
 
-def _block_loops(parallel: str, order: str, mo: int, no: int
+def block_loops(parallel: str, order: str, mo: int, no: int
                  ) -> tuple[Callable[[Stmt], Stmt], tuple[Expr, Expr]]:
     """The loops over (N block, M block): a wrapper that builds them around a body, and the
     two indices."""

@@ -40,6 +40,8 @@ from schedule_templates.workloads import Conv2dBf16, Conv2dInt8
 #: (16), ResNet-50's int8 layers ran 1.03-1.26x faster alone on Zen 5 although up to 8% more
 #: columns are computed and 28x28 1x1 layers (784 pixels) lose their in-place store
 WIDE_COLUMNS = (64, 48, 32)
+#: columns of one AMX register block (2 tiles of 16)
+TILE_BLOCK_COLS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +131,18 @@ class Geometry:
                         (phase * self.channel_words + cw) * self.plane
                         + (dy // sh) * self.phase_w + dx // sw)
         return offsets.astype(np.int32)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class TileGeometry(Geometry):
+    """The layout of a convolution on AMX tiles (``x86_amx_gemm``): columns rounded to whole
+    32-pixel register blocks instead of the vector tiles' widths."""
+
+    @property
+    def columns(self) -> int:
+        pixels = self.wl.out_h * self.phase_w
+        return -(-pixels // TILE_BLOCK_COLS) * TILE_BLOCK_COLS
 
 
 

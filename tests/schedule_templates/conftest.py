@@ -1,19 +1,23 @@
 """Shared by the int8 kernel tests: the ``instruction`` fixture runs a test with the host's int8
-instruction and, on a VNNI host, again forced onto vpmaddwd, so both paths are covered wherever
-VNNI exists."""
+instruction, on an AMX host again with the tiles switched off (the VNNI vector kernels), and on
+a VNNI host again forced onto vpmaddwd, so every path is covered wherever its host exists."""
 
 import pytest
 
 from schedule_templates.codegen.llvm_jit import host_features
-from schedule_templates.templates import x86_dot_gemm
+from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
 
 HAS_VNNI = "+avx512vnni" in host_features().split(",")
-INSTRUCTIONS = ["host", "pmaddwd"] if HAS_VNNI else ["host"]
+HAS_AMX = x86_amx_gemm.host_amx("tdpbusd")
+INSTRUCTIONS = ["host", *(["vnni"] if HAS_AMX else []), *(["pmaddwd"] if HAS_VNNI else [])]
 
 
 @pytest.fixture(params=INSTRUCTIONS)
 def instruction(request, monkeypatch):
-    """The int8 instruction the templates lower to: the host's, or vpmaddwd forced."""
+    """The int8 instruction the templates lower to: the host's, VNNI without tiles, or
+    vpmaddwd forced."""
+    if request.param == "vnni":
+        monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": False)
     if request.param == "pmaddwd":
         monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
     return x86_dot_gemm.int8_instruction()

@@ -14,7 +14,7 @@ from schedule_templates.codegen.llvm_jit import CompiledKernel
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.ir.nodes import Buffer, Kernel, LoopKind, intrinsic, loop, store
 from schedule_templates.runtime import aligned_empty, build
-from schedule_templates.templates import x86_dot_gemm
+from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
 from schedule_templates.templates.base import get_template
 from schedule_templates.templates.x86_int8_phases import Geometry
 from schedule_templates.workloads import parse_workload
@@ -170,6 +170,7 @@ def test_vnni_kernels_compile_for_a_vnni_cpu(monkeypatch, key):
     from schedule_templates.runtime import lower
 
     monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": False)
     workload = parse_workload(key)
     template = get_template(workload.op)
     kernel = lower(workload, template, template.default_config(workload))
@@ -229,6 +230,13 @@ def test_conv_int8_reference_is_the_definition(key):
     "conv2d_int8:N=1,C=6,H=9,W=7,K=8,R=1,S=1,stride=2,bias=s32",
     "conv2d_int8:N=1,C=5,H=6,W=37,K=8,R=3,S=3,pad=1",
     "conv2d_int8:N=2,C=9,H=5,W=41,K=8,R=3,S=3,stride=2,pad=1x2x0x1",
+    # 64 input channels a group and more: AMX tiles where the host has them (a step of 64
+    # channels inside one tap; output channels padded to whole blocks, odd pixel counts)
+    "conv2d_int8:N=1,C=64,H=9,W=7,K=40,R=3,S=3,pad=1,bias=s32",
+    "conv2d_int8:N=2,C=128,H=7,W=7,K=16,R=1,S=1,out=s8,scale=tensor",
+    "conv2d_int8:N=1,C=64,H=11,W=10,K=64,R=3,S=3,stride=2,pad=1,out=f32",
+    "conv2d_int8:N=1,C=128,H=8,W=8,K=96,R=1,S=1,stride=2,bias=s32",
+    "conv2d_int8:N=1,C=128,H=6,W=5,K=32,R=3,S=3,pad=1,groups=2,bias=s32",
 ])
 def test_conv_int8_is_exact(instruction, key):
     out, ref, _ = run(key)
@@ -253,6 +261,8 @@ def test_conv_int8_blocked_reduction_and_threads(instruction, threads):
     "conv2d_int8:N=2,C=16,H=7,W=9,K=32,R=1,S=1,bias=s32,residual=u8",
     "conv2d_int8:N=1,C=8,H=10,W=14,K=16,R=1,S=1,stride=2,out=s8,bias=s32,residual=s8",
     "conv2d_int8:N=1,C=12,H=7,W=7,K=32,R=1,S=1,groups=2,out=f32",
+    "conv2d_int8:N=1,C=64,H=7,W=7,K=32,R=1,S=1,bias=s32,residual=u8",  # tiles on AMX
+    "conv2d_int8:N=1,C=64,H=14,W=14,K=64,R=1,S=1,out=s8,residual=s8",  # in place
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_conv_int8_one_by_one_copies_flat_rows(instruction, key, threads):

@@ -49,6 +49,8 @@ def test_cpu_classes_are_normalised(fields: dict[str, str], flags: set[str],
 
 def test_isa_levels() -> None:
     assert isa_level(V4) == "x86-64-v4"
+    assert isa_level(V4 | {"amx_tile", "amx_int8", "amx_bf16"}) == "x86-64-v4-amx"
+    assert isa_level(V4 | {"amx_tile"}) == "x86-64-v4"  # tiles without the int8/bf16 units
     assert isa_level(V3) == "x86-64-v3"
     assert isa_level({"sse2"}) == "x86-64"
     assert isa_level({"asimd", "sve", "sve2"}, "aarch64") == "armv9-sve2"

@@ -1,0 +1,191 @@
+"""AMX tile statements and the int8 dense kernel on tiles.
+
+Code generation is checked everywhere (compiled for a Sapphire Rapids CPU, the instructions
+counted); running needs a host whose CPU and kernel grant the tile registers, and each such test
+says so when it skips. The dense kernel's exactness on odd shapes runs through
+``test_core_int8`` (its ``instruction`` fixture takes the tiles on such a host)."""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+
+from schedule_templates.codegen.llvm_ir import generate_llvm_ir
+from schedule_templates.codegen.llvm_jit import CompiledKernel, _initialize, optimize
+from schedule_templates.features import FeatureExtractor
+from schedule_templates.ir.amx import TileMatmul
+from schedule_templates.ir.nodes import (
+    Allocate,
+    Buffer,
+    Kernel,
+    LoopKind,
+    Scope,
+    Var,
+    loop,
+    store,
+)
+from schedule_templates.ir.printer import format_kernel
+from schedule_templates.runtime import host_module, lower
+from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
+from schedule_templates.templates.base import get_template
+from schedule_templates.workloads import parse_workload
+
+HAS_AMX = x86_amx_gemm.host_amx("tdpbusd")
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this host (CPU or kernel) grants no AMX "
+                                                    "tile registers")
+
+
+def _sapphire_rapids_asm(kernel: Kernel) -> str:
+    _initialize()
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu="sapphirerapids", features="+amx-tile,+amx-int8,+amx-bf16,+avx512vnni", opt=3)
+    return str(machine.emit_assembly(optimize(str(generate_llvm_ir(kernel)), machine)))
+
+
+def _block_kernel(rows: int, cols: int, words: int, expand: bool) -> Kernel:
+    """acc = one TileMatmul at an offset into a and b (panels of 16 columns), copied out."""
+    a = Buffer("a", (TILE_M := 16 * rows + 16, words + 16), dtype="int32")
+    b = Buffer("b", (cols + 1, words + 16, 16), dtype="int32")
+    out = Buffer("out", (16 * rows, 16 * cols), dtype="int32")
+    acc = Buffer("acc", out.shape, Scope.LOCAL, "int32")
+    k = Var("k")
+    tile = TileMatmul("tdpbusd", acc, k, words // 16, a[TILE_M - 16 * rows, 16 + 16 * k],
+                      a.shape[1], 16 * a.shape[1], b[1, 16 + 16 * k, 0], 16, b.shape[1] * 16,
+                      rows, cols)
+    r, over_r = loop("r", out.shape[0])
+    j, over_j = loop("j", out.shape[1], LoopKind.VECTORIZE)
+    body = Allocate(acc, (tile.expand() if expand else tile, over_r(over_j(store(out[r, j],
+                                                                                 acc[r, j])))))
+    return Kernel("tile_block", (a, b, out), (), (body,))
+
+
+@needs_amx
+@pytest.mark.parametrize(("rows", "cols", "words"), [(2, 2, 32), (1, 3, 16), (3, 1, 48)])
+def test_tile_matmul_is_its_expansion_and_numpy(rows, cols, words):
+    rng = np.random.default_rng(rows * 10 + cols)
+    a_buf, b_buf, out_buf = _block_kernel(rows, cols, words, False).params
+    a = rng.integers(0, 256, (a_buf.shape[0], 4 * a_buf.shape[1]), dtype=np.uint8)
+    b = rng.integers(-128, 128, (*b_buf.shape, 4), dtype=np.int8)
+    results = []
+    for expand in (False, True):
+        kernel = _block_kernel(rows, cols, words, expand)
+        out = np.zeros(out_buf.shape, np.int32)
+        compiled = CompiledKernel(host_module(kernel), kernel.name, 3)
+        compiled.function(a.ctypes.data, b.ctypes.data, out.ctypes.data, 1)
+        compiled.close()
+        results.append(out)
+    first = a_buf.shape[0] - 16 * rows
+    rows_a = a[first:, 64:64 + 4 * words].astype(np.int64).reshape(16 * rows, words, 4)
+    panels = b[1:1 + cols, 16:16 + words].astype(np.int64)  # (cols, words, 16, 4)
+    want = np.einsum("rwq,pwjq->rpj", rows_a, panels).reshape(16 * rows, 16 * cols)
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], want)
+
+
+def test_tile_matmul_refuses_more_tiles_than_registers():
+    acc = Buffer("acc", (16, 64), Scope.LOCAL, "int32")
+    a, b = Buffer("a", (16, 16), dtype="int32"), Buffer("b", (4, 16, 16), dtype="int32")
+    k = Var("k")
+    with pytest.raises(ValueError, match="tile registers"):
+        TileMatmul("tdpbusd", acc, k, 1, a[0, 0], 16, 256, b[0, 0, 0], 16, 256, 1, 4)
+    with pytest.raises(ValueError, match="accumulates in float32"):
+        TileMatmul("tdpbf16ps", Buffer("acc", (16, 16), Scope.LOCAL, "int32"), k, 1,
+                   a[0, 0], 16, 256, b[0, 0, 0], 16, 256, 1, 1)
+
+
+@pytest.mark.parametrize(("key", "dot"), [
+    ("dense_int8:M=128,N=768,K=768,bias=s32", "tdpbusd"),
+    ("dense_int8:M=1,N=1000,K=2048,bias=s32", "tdpbusd"),
+    ("dense_int8:M=37,N=40,K=100,out=s8,add=u8", "tdpbusd"),
+    ("conv2d_int8:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1,bias=s32", "tdpbsud"),
+    ("conv2d_int8:N=1,C=256,H=14,W=14,K=1024,R=1,S=1,bias=s32,residual=u8", "tdpbsud"),
+])
+def test_int8_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key, dot):
+    """Wherever the tests run: the tile kernel (padding stages included) becomes tile loads and
+    tile dot products, the palette loaded once per thread's call and the tiles released
+    after."""
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    kernel = lower(workload, template, template.default_config(workload))
+    asm = _sapphire_rapids_asm(kernel)
+    assert asm.count(dot) >= 2 and asm.count("tileloadd") >= 3
+    assert asm.count("ldtilecfg") >= 1 and asm.count("tilerelease") >= 1
+    assert "vpdpbusd" not in asm  # no vector dot products left beside the tiles
+
+
+def test_conv_int8_takes_tiles_only_for_whole_steps_of_channels(monkeypatch):
+    """A step of the tiles is 64 input channels of one tap: fewer (a stem, a small group)
+    stays on the vector kernel, and depthwise layers have their own."""
+    from schedule_templates.templates.x86_conv2d_int8 import TileGeometry, _geometry
+
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
+    tiles = {key: isinstance(_geometry(parse_workload(key)), TileGeometry) for key in (
+        "conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1",
+        "conv2d_int8:N=1,C=3,H=16,W=16,K=64,R=7,S=7,stride=2,pad=3",
+        "conv2d_int8:N=1,C=128,H=8,W=8,K=128,R=3,S=3,pad=1,groups=4",
+        "conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1,groups=64")}
+    assert list(tiles.values()) == [True, False, False, False]
+
+
+def test_amx_blocking_tiles_the_padded_extents():
+    space = x86_dot_gemm.dot_space(128, 768, 192, x86_dot_gemm.VNNI)
+    for index in range(0, space.size, max(1, space.size // 200)):
+        if not space.is_valid(index):
+            continue
+        plan = x86_amx_gemm.amx_blocking(space.get(index), 128, 768)
+        assert plan.M == 128 and plan.N == 768 and plan.rows == 2
+        assert plan.M % plan.block_m == 0 and plan.block_m % 32 == 0
+        assert plan.N % plan.block_n == 0 and plan.block_n % 32 == 0
+    small = x86_amx_gemm.amx_blocking(x86_dot_gemm.dot_space(1, 1008, 4, x86_dot_gemm.VNNI)
+                                      .get(0), 1, 1000)
+    assert (small.rows, small.M, small.N) == (1, 16, 1024)
+
+
+def test_passes_that_do_not_know_tiles_see_their_expansion(monkeypatch):
+    """The printer and the cost model's features read a tile kernel through ``expand``."""
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
+    workload = parse_workload("dense_int8:M=64,N=64,K=64")
+    template = get_template(workload.op)
+    config = template.default_config(workload)
+    assert "dp4a" in format_kernel(template.lower(workload, config))
+    row = FeatureExtractor(template, workload).row(config.index)
+    assert row is not None and np.isfinite(row).all()
+
+
+needs_amx_bf16 = pytest.mark.skipif(not x86_amx_gemm.host_amx("tdpbf16ps"),
+                                    reason="this host (CPU or kernel) grants no AMX-BF16 tiles")
+
+
+@needs_amx_bf16
+@pytest.mark.parametrize("key", [
+    "dense_bf16:M=128,N=768,K=768,data=f32",
+    "dense_bf16:M=37,N=64,K=100,data=f32,epilogue=bias+gelu",  # rows, K padded (+0.0 past K)
+    "dense_bf16:M=5,N=32,K=48",  # bf16 rows not whole blocks: the vector kernel
+    "dense_bf16:M=32,N=96,K=64,epilogue=bias",  # bf16 rows read in place
+    "conv2d_bf16:N=1,C=32,H=9,W=7,K=40,R=3,S=3,pad=1,epilogue=bias+relu",
+    "conv2d_bf16:N=2,C=64,H=8,W=8,K=32,R=1,S=1,stride=2,epilogue=bias+residual",
+    "conv2d_bf16:N=1,C=64,H=7,W=7,K=64,R=3,S=3,pad=1,groups=2",
+    "conv2d_bf16:N=1,C=32,H=14,W=14,K=64,R=1,S=1,epilogue=scale+bias+residual+relu",
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_on_tiles_matches_the_rounded_reference(key, threads):
+    from tests.schedule_templates.test_core_lowp import run
+
+    out, ref, asm = run(key, threads=threads)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert ("tdpbf16ps" in asm) == ("M=5," not in key)
+
+
+@pytest.mark.parametrize("key", ["dense_bf16:M=197,N=2304,K=768,data=f32,epilogue=bias",
+                                 "conv2d_bf16:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1"])
+def test_bf16_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key):
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    asm = _sapphire_rapids_asm(lower(workload, template, template.default_config(workload)))
+    assert asm.count("tdpbf16ps") >= 2 and "vdpbf16ps" not in asm
