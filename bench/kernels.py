@@ -10,8 +10,10 @@ where the host has it, vpmaddwd on AVX2) and bf16 (fp32 accumulation; hosts with
 only), and each convolution row (conv2d, group and depthwise) its ``conv2d_int8`` twin, and
 reports them against our fp32 kernel and against the peak of its own instruction, measured by the
 same generated loop as the fp32 peak (``int8_peak_gops``: vpdpbusd, or vpmaddwd + vpaddd on
-AVX2 hosts; ``bf16_peak_gops``: vdpbf16ps; where one issues less often than an FMA, as
-vdpbf16ps does on Intel's Xeons, the low-precision kernel cannot reach twice the fp32 one).
+AVX2 hosts; ``bf16_peak_gops``: vdpbf16ps; on hosts with AMX, the tile loop of
+``peak.tile_peak_kernel`` instead, since the kernels run on tiles there; where an instruction
+issues less often than an FMA, as vdpbf16ps does on Intel's Xeons, the low-precision kernel
+cannot reach twice the fp32 one).
 ``--no-lowp`` skips; shapes a low-precision layout cannot take get a ``*_skipped`` reason
 instead.
 """
@@ -37,9 +39,10 @@ from workloads import ALL, MOBILENET_V2_DEPTHWISE, RESNET18_CONVS
 
 from schedule_templates.codegen.llvm_jit import host_features
 from schedule_templates.errors import InvalidWorkloadError
-from schedule_templates.peak import measure_peak_gflops
+from schedule_templates.peak import measure_peak_gflops, measure_tile_peak_gops
 from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import get_template
+from schedule_templates.templates.x86_amx_gemm import host_amx
 from schedule_templates.workloads import (
     BatchMatmul,
     Conv2d,
@@ -131,6 +134,9 @@ def dot_peaks(threads: int) -> dict[str, float]:
              for column, feature in DOT_FEATURE.items() if feature in features}
     if "int8" not in peaks and "+avx2" in features:  # int8 runs on vpmaddwd there
         peaks["int8"] = measure_peak_gflops(threads, instruction="pmaddwd")
+    for column, dot in (("int8", "tdpbusd"), ("bf16", "tdpbf16ps")):
+        if host_amx(dot):  # the dense and convolution kernels run on AMX tiles there
+            peaks[column] = measure_tile_peak_gops(threads, dot)
     return peaks
 
 

@@ -106,3 +106,51 @@ def measure_peak_gflops(threads: int = 1, repeat: int = 15, instruction: str = "
         return float(ops / best / 1e9)
     finally:
         compiled.close()
+
+
+#: operations of one tile dot product (16 x 16 sums of 64 bytes: 4 u8 x s8 products a word,
+#: or 2 bf16 products, each a multiply and an add)
+TILE_OPS = {"tdpbusd": 16 * 16 * 16 * 4 * 2, "tdpbf16ps": 16 * 16 * 16 * 2 * 2}
+TILE_STEPS = 1 << 16  # steps per run (a few ms)
+
+
+def tile_peak_kernel(threads: int, dot: str) -> Kernel:
+    """2 x 2 tiles of sums per thread over ``TILE_STEPS`` steps that reload the same four
+    operand tiles (L1-resident): the block shape and load mix of the AMX kernels."""
+    from schedule_templates.ir.amx import TILE_DOTS, TileMatmul
+    from schedule_templates.ir.nodes import Var
+
+    a = Buffer("a", (32, 16), dtype="int32")
+    b = Buffer("b", (2, 16, 16), dtype="int32")
+    out = Buffer("out", (threads, 32, 32), dtype=TILE_DOTS[dot])
+    acc = Buffer("acc", (32, 32), Scope.LOCAL, dtype=TILE_DOTS[dot])
+    t, par = loop("t", threads, LoopKind.PARALLEL)
+    r, rows = loop("r", 32)
+    j, vec = loop("j", 32, LoopKind.VECTORIZE)
+    product = TileMatmul(dot, acc, Var("k"), TILE_STEPS, a[0, 0], 16, 256, b[0, 0, 0], 16, 256,
+                         2, 2)
+    body = par(Allocate(acc, (product, rows(vec(store(out[t, r, j], acc[r, j]))))))
+    return Kernel(f"{dot}_peak", (a, b, out), (), (body,))
+
+
+def measure_tile_peak_gops(threads: int = 1, dot: str = "tdpbusd", repeat: int = 7) -> float:
+    """Best of ``repeat`` runs of ``tile_peak_kernel``, in GOPS (GFLOPS for bf16); needs a host
+    that grants AMX tiles (``x86_amx_gemm.host_amx``)."""
+    import ctypes
+
+    kernel = tile_peak_kernel(threads, dot)
+    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 3)
+    try:
+        a = aligned_empty(32 * 16, zero=True, dtype=np.int32)
+        b = aligned_empty(2 * 16 * 16, zero=True, dtype=np.int32)
+        out = aligned_empty(threads * 32 * 32, zero=True, dtype=np.int32)
+        args = [ctypes.c_void_p(x.ctypes.data) for x in (a, b, out)]
+        compiled.function(*args, threads)
+        best = np.inf
+        for _ in range(repeat):
+            start = time.perf_counter()
+            compiled.function(*args, threads)
+            best = min(best, time.perf_counter() - start)
+        return float(4 * TILE_OPS[dot] * TILE_STEPS * threads / best / 1e9)
+    finally:
+        compiled.close()

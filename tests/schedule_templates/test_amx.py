@@ -189,3 +189,15 @@ def test_bf16_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key):
     template = get_template(workload.op)
     asm = _sapphire_rapids_asm(lower(workload, template, template.default_config(workload)))
     assert asm.count("tdpbf16ps") >= 2 and "vdpbf16ps" not in asm
+
+
+@pytest.mark.parametrize("dot", ["tdpbusd", "tdpbf16ps"])
+def test_tile_peak_loop_is_four_tile_products_a_step(dot):
+    from schedule_templates.peak import tile_peak_kernel
+
+    asm = _sapphire_rapids_asm(tile_peak_kernel(2, dot))
+    assert asm.count(dot) >= 4 and asm.count("tileloadd") >= 4
+    if x86_amx_gemm.host_amx(dot):
+        from schedule_templates.peak import measure_tile_peak_gops
+
+        assert measure_tile_peak_gops(1, dot, repeat=1) > 0
