@@ -43,6 +43,9 @@ from schedule_templates.templates.choose import largest_divisor
 from schedule_templates.templates.x86_dot_gemm import block_loops
 
 TILE_K = 4 * TILE_WORDS  # bytes of the reduction one tile step takes
+#: input channels of one bf16 tile step (a convolution takes tiles where its groups have
+#: whole steps: ``x86_conv2d_bf16``)
+BF16_TILE_CHANNELS = 2 * TILE_WORDS
 BLOCK_COLS = 2 * TILE_COLS  # columns of one register block
 Finish = Callable[[Expr, Expr, Expr], Stmt]  # (accumulator, m, n) -> the output store
 

@@ -176,6 +176,6 @@ class Conv2dBf16X86(Template):
 def _geometry(wl: Conv2dBf16) -> Geometry:
     """AMX tiles where the host has AMX-BF16 and a tile step (32 channels) stays inside one
     tap; ``vdpbf16ps`` else."""
-    tiles = (wl.group_in % (2 * x86_amx_gemm.TILE_WORDS) == 0
+    tiles = (wl.group_in % x86_amx_gemm.BF16_TILE_CHANNELS == 0
              and x86_amx_gemm.host_amx("tdpbf16ps"))
     return TileGeometry(wl, BF16) if tiles else Geometry(wl, BF16)

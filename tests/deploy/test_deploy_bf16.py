@@ -55,13 +55,18 @@ def test_which_layers_bf16_casts(key: str, expected: str | None) -> None:
     assert at_precision(workload, "bf16").key == (expected or key)
 
 
-def test_a_winograd_layer_keeps_fp32() -> None:
+@pytest.mark.parametrize("tiles", [False, True])
+def test_a_winograd_layer_keeps_fp32_unless_bf16_runs_on_tiles(
+        monkeypatch: pytest.MonkeyPatch, tiles: bool) -> None:
     # a 3x3 layer whose fp32 default is Winograd does a quarter to half the multiplies: that
-    # beats bf16's twice the rate, so it stays fp32
+    # beats bf16's twice the rate, so it stays fp32; AMX tiles run bf16 several times faster
+    monkeypatch.setattr("tuner_service.compiler.frontend.precision.host_amx",
+                        lambda dot="tdpbusd": tiles)
     key = "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1,epilogue=bias+relu"
     workload = parse_workload(key)
     winograd = default_winograd(workload, host_registers())  # type: ignore[arg-type]
-    expected = key if winograd is not None else key.replace("conv2d:", "conv2d_bf16:")
+    fp32 = winograd is not None and not tiles
+    expected = key if fp32 else key.replace("conv2d:", "conv2d_bf16:")
     assert at_precision(workload, "bf16").key == expected
 
 
@@ -89,14 +94,21 @@ def test_bf16_is_refused_on_a_cpu_without_the_instructions(tmp_path: Path,
     assert not (tmp_path / "lib").exists()
 
 
-@pytest.mark.parametrize("fp32, bf16, warned", [(174.0, 86.0, True), (272.0, 537.0, False)])
+@pytest.mark.parametrize("fp32, bf16, tiles, warned", [
+    (174.0, 86.0, None, True),  # Emerald Rapids without AMX exposed: vdpbf16ps at half rate
+    (272.0, 537.0, None, False),  # Zen 5
+    (157.0, 86.0, 570.0, False),  # Emerald Rapids with AMX: the layers run on tdpbf16ps
+])
 def test_bf16_warns_where_its_dot_product_does_not_outrun_the_fmas(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fp32: float,
-        bf16: float, warned: bool) -> None:
-    # the two peaks measured on Emerald Rapids (no AMX) and on Zen 5
+        bf16: float, tiles: float | None, warned: bool) -> None:
     peaks = {"fma": fp32, "dpbf16ps": bf16}
     monkeypatch.setattr("schedule_templates.peak.measure_peak_gflops",
                         lambda threads=1, repeat=15, instruction="fma": peaks[instruction])
+    monkeypatch.setattr("schedule_templates.peak.measure_tile_peak_gops",
+                        lambda threads=1, dot="tdpbusd", repeat=7: tiles)
+    monkeypatch.setattr("schedule_templates.templates.x86_amx_gemm.host_amx",
+                        lambda dot="tdpbusd": tiles is not None)
     monkeypatch.setattr(library_module, "host_features", lambda: "+avx512f,+avx512bf16")
     library_module.warn_if_bf16_is_slow.cache_clear()
     with caplog.at_level("WARNING", logger=library_module.__name__):

@@ -5,7 +5,8 @@ bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with
 and every ``conv2d`` layer becomes ``conv2d_bf16`` except where this host's fp32 default is a
 Winograd kernel (3x3, stride 1, enough tiles: it does a quarter to a half of the multiplies,
 which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 and 28x28 ran 1.5-1.8x
-faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``): the same
+faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``), unless the bf16
+layer runs on AMX tiles (a host that grants them, whole steps of 32 channels): the same
 inputs, fused epilogue and fp32 output, the products on bfloat16 values summed in fp32
 (weights rounded once at pack time, activations inside the kernel).
 A ``batch_matmul`` of two activations (attention's products) becomes ``batch_matmul_bf16``,
@@ -23,6 +24,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from schedule_templates.templates.choose import host_registers
+from schedule_templates.templates.x86_amx_gemm import BF16_TILE_CHANNELS, host_amx
 from schedule_templates.templates.x86_winograd import default_winograd
 from schedule_templates.workloads import (
     BatchMatmul,
@@ -64,7 +66,8 @@ def at_precision(workload: Workload, precision: str) -> Workload:
         return workload
     if isinstance(workload, Conv2d):
         if (default_winograd(workload, host_registers()) is not None
-                and workload.out_h * workload.out_w >= _BF16_WINOGRAD_MIN_PIXELS):
+                and workload.out_h * workload.out_w >= _BF16_WINOGRAD_MIN_PIXELS
+                and not _on_bf16_tiles(workload)):
             return workload
         fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
         return Conv2dBf16(**fields)
@@ -81,6 +84,12 @@ def at_precision(workload: Workload, precision: str) -> Workload:
     if n % _LANES or k % 2:
         return workload
     return DenseBf16(M=m, N=n, K=k, data="f32", epilogue=workload.epilogue_spec)
+
+
+def _on_bf16_tiles(workload: Conv2d) -> bool:
+    """Whether the bf16 convolution runs on AMX tiles here (``x86_conv2d_bf16``): at the
+    tiles' rate (about 3.5x the FMAs' on Emerald Rapids) it beats fp32 Winograd too."""
+    return workload.C % BF16_TILE_CHANNELS == 0 and host_amx("tdpbf16ps")
 
 
 def apply_precision(layers: Sequence[Layer], precision: str) -> list[Layer]:
