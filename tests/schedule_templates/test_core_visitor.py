@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from schedule_templates.ir import nodes, warp
+from schedule_templates.ir import amx, nodes, warp
 from schedule_templates.ir.analysis import loads_in, stored_buffers, substitute, substitute_stmt
 from schedule_templates.ir.gpu import serialize_for_host
 from schedule_templates.ir.nodes import (
@@ -48,8 +48,9 @@ OUT = Buffer("out", (4, 8))
 
 
 def _concrete(base: type) -> set[type]:
-    """Node classes of ``nodes.py`` and of ``warp.py`` (warp-wide GPU statements)."""
-    return {cls for module in (nodes, warp) for cls in vars(module).values()
+    """Node classes of ``nodes.py``, ``warp.py`` (warp-wide GPU statements) and ``amx.py``
+    (AMX tile statements)."""
+    return {cls for module in (nodes, warp, amx) for cls in vars(module).values()
             if isinstance(cls, type) and issubclass(cls, base) and cls is not base}
 
 
@@ -216,3 +217,17 @@ def test_a_prefetch_is_an_address_not_a_read():
     assert isinstance(moved, Prefetch) and moved.locality == 1
     assert isinstance(moved.target.indices[0], Const) and moved.target.indices[0].value == 3
     assert substitute_stmt(hint, Var("other"), 0) is hint
+
+
+def test_substitution_reaches_inside_a_tile_statement():
+    from schedule_templates.ir.analysis import substitute_stmt
+
+    a = Buffer("ta", (64, 32), dtype="int32")
+    b = Buffer("tb", (4, 32, 16), dtype="int32")
+    acc = Buffer("tacc", (32, 32), Scope.LOCAL, "int32")
+    m, k = Var("m"), Var("k")
+    tile = amx.TileMatmul("tdpbusd", acc, k, 2, a[m, 16 * k], 32, 512, b[0, 16 * k, 0], 16,
+                          512, 2, 2)
+    moved = substitute_stmt(tile, m, 32)
+    assert isinstance(moved, amx.TileMatmul) and moved.a.indices[0] == Const(32)
+    assert moved.b is tile.b and substitute_stmt(tile, Var("other"), 1) is tile
