@@ -9,9 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import amx  # noqa: E402
+import amx
 
-from schedule_templates.templates import x86_amx_gemm  # noqa: E402
+from schedule_templates.templates import x86_amx_gemm
 
 
 @pytest.mark.skipif(not x86_amx_gemm.host_amx("tdpbf16ps"),
