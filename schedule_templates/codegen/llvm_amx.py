@@ -27,7 +27,6 @@ TILE_BYTES = 4 * TILE_WORDS  # bytes of one tile row
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 _FEATURES = {"tdpbusd": ("amx-tile", "amx-int8"), "tdpbsud": ("amx-tile", "amx-int8"),
              "tdpbf16ps": ("amx-tile", "amx-bf16")}
-_CONFIGURED = "tiles_configured"
 
 
 def emit_tile_matmul(scope: FunctionScope, s: TileMatmul) -> None:
@@ -66,12 +65,8 @@ def emit_tile_matmul(scope: FunctionScope, s: TileMatmul) -> None:
 
 
 def _hints(scope: FunctionScope, s: TileMatmul) -> None:
-    """Prefetches of every row of the tiles ``ahead_a`` / ``ahead_b`` steps on (into L1:
-    a tile load follows a few steps later)."""
-    for i in range(s.rows if s.ahead_a else 0):
-        for r in range(TILE_ROWS):
-            at = _shifted(s.a_at(TILE_ROWS * i + r, 0), s.step, s.step + s.ahead_a)
-            scope.prefetch(Prefetch(at, 3))
+    """Prefetches of every row of the ``b`` tiles ``ahead_b`` steps on (into L1: a tile load
+    follows a step later)."""
     for j in range(s.cols if s.ahead_b else 0):
         for w in range(TILE_WORDS):
             at = _shifted(s.b_at(w, j, 0), s.step, s.step + s.ahead_b)
@@ -84,15 +79,15 @@ def _shifted(at: Load, var: Var, value: Expr) -> Load:
 
 def release_tiles(scope: FunctionScope) -> None:
     """Before the function returns: give the tiles back if it configured them."""
-    if getattr(scope, _CONFIGURED, False):
+    if scope.tiles_configured:
         release = scope.ctx.declare("llvm.x86.tilerelease", ir.VoidType(), [])
         scope.builder.call(release, [])
 
 
 def _configure(scope: FunctionScope) -> None:
-    if getattr(scope, _CONFIGURED, False):
+    if scope.tiles_configured:
         return
-    setattr(scope, _CONFIGURED, True)
+    scope.tiles_configured = True
     b = ir.IRBuilder(scope.entry)
     b.position_before(scope.entry.terminator)
     b.call(_permission(scope.ctx.module), [])

@@ -86,6 +86,8 @@ class FunctionScope(ExprFunctor[ir.Value]):
         self.env = env
         self.buffers = buffers
         self.in_parallel = in_parallel
+        #: whether the entry block loads the AMX palette (``llvm_amx``): released at return
+        self.tiles_configured = False
 
     def address(self, buf: Buffer, offset: Expr) -> ir.Value:
         try:

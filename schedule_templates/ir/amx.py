@@ -48,8 +48,9 @@ class TileMatmul(Stmt):
       one tile of ``b`` is 16 rows (words of the reduction) of 16 words (columns), ``b_row``
       elements apart, and the next tile of columns ``b_tile`` elements further.
 
-    Hints (``ahead_a``, ``ahead_b``) change no result: a tile load that misses the caches
-    waits for each of its 16 rows, so operands streamed from memory are hinted steps ahead.
+    Hints (``ahead_b``) change no result: a tile load that misses the caches waits for each
+    of its 16 rows, so a dense layer's weights, streamed from memory, are hinted a step ahead
+    (BERT's 128x768x3072 int8 dense 0.415 -> 0.374 ms).
 
     Both buffers hold 32-bit words (4 u8 or s8, or 2 bf16 values each). ``acc`` is a LOCAL
     buffer of ``(16 * rows, 16 * cols)`` accumulators, overwritten. The tile registers hold
@@ -67,9 +68,8 @@ class TileMatmul(Stmt):
     b_tile: int
     rows: int
     cols: int
-    #: hint the rows of ``a`` / ``b`` this many steps ahead towards the core (0: none); a
-    #: hint past the reduction's end falls on what follows it, and a hint never faults
-    ahead_a: int = 0
+    #: hint the rows of ``b`` this many steps ahead towards the core (0: none); a hint past
+    #: the reduction's end falls on what follows it, and a hint never faults
     ahead_b: int = 0
 
     def __post_init__(self) -> None:

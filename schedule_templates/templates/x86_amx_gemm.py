@@ -131,8 +131,7 @@ class TileOperands:
     b_row: int
     b_tile: int
     steps: int
-    ahead_a: int = 0  # steps ahead to hint (``TileMatmul``): the operand streamed from memory
-    ahead_b: int = 0
+    ahead_b: int = 0  # steps ahead to hint ``b`` (``TileMatmul``): weights streamed from memory
 
 
 def dense_operands(dot: str, a: Buffer, b: Buffer, words: int) -> TileOperands:
@@ -185,7 +184,7 @@ def amx_nest(plan: AmxBlocking, ops: TileOperands, acc_dtype: str, finish: Finis
     product = TileMatmul(ops.dot, acc, k, ops.steps, ops.a(m0, k), ops.a_row, ops.a_tile,
                          ops.b(n0, k),
                          ops.b_row, ops.b_tile, plan.rows, BLOCK_COLS // TILE_COLS,
-                         ops.ahead_a, ops.ahead_b)
+                         ops.ahead_b)
     r, r_loop = loop("amx_r", plan.tile_m)
     j, j_loop = loop("amx_j", BLOCK_COLS, LoopKind.VECTORIZE)
     out = j_loop(finish(acc[r, j], m0 + r, n0 + j))

@@ -33,6 +33,15 @@ needs_bf16 = pytest.mark.skipif("+avx512bf16" not in host_features().split(","),
                                 reason="this CPU lacks AVX-512 BF16 (vdpbf16ps)")
 
 
+@pytest.fixture(autouse=True)
+def vector_host_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which layers take bf16 as on a host without AMX tiles (the kernels themselves still run
+    on tiles where this host has them); ``test_amx_hosts_cast_only_what_runs_on_tiles`` has
+    the rules of a host with them."""
+    monkeypatch.setattr("tuner_service.compiler.frontend.precision.host_amx",
+                        lambda dot="tdpbusd": False)
+
+
 @pytest.mark.parametrize("key, expected", [
     ("dense:M=128,N=768,K=768,epilogue=bias+gelu",
      "dense_bf16:M=128,N=768,K=768,data=f32,epilogue=bias+gelu"),
@@ -53,6 +62,25 @@ def test_which_layers_bf16_casts(key: str, expected: str | None) -> None:
     workload = parse_workload(key)
     assert at_precision(workload, "fp32") is workload
     assert at_precision(workload, "bf16").key == (expected or key)
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("dense:M=128,N=768,K=768,epilogue=bias+gelu",
+     "dense_bf16:M=128,N=768,K=768,data=f32,epilogue=bias+gelu"),
+    ("dense:M=1,N=48,K=64", None),  # 48 columns: not whole 32-column blocks
+    ("batch_matmul:B=12,M=128,N=128,K=64", None),  # no tile form: vdpbf16ps is slow there
+    ("conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3", None),  # a stem: 3 channels
+    ("conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1",  # on tiles, even over Winograd
+     "conv2d_bf16:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1"),
+    ("group_conv2d:N=1,C=64,H=14,W=14,K=64,R=3,S=3,pad=1,groups=2",
+     "conv2d_bf16:N=1,C=64,H=14,W=14,K=64,R=3,S=3,pad=1,groups=2"),
+    ("group_conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,pad=1,groups=4", None),
+])
+def test_amx_hosts_cast_only_what_runs_on_tiles(monkeypatch: pytest.MonkeyPatch, key: str,
+                                                expected: str | None) -> None:
+    monkeypatch.setattr("tuner_service.compiler.frontend.precision.host_amx",
+                        lambda dot="tdpbusd": True)
+    assert at_precision(parse_workload(key), "bf16").key == (expected or key)
 
 
 @pytest.mark.parametrize("tiles", [False, True])

@@ -5,8 +5,7 @@ bfloat16 template takes (N a multiple of 16, K even) becomes ``dense_bf16`` with
 and every ``conv2d`` layer becomes ``conv2d_bf16`` except where this host's fp32 default is a
 Winograd kernel (3x3, stride 1, enough tiles: it does a quarter to a half of the multiplies,
 which beats twice the multiply rate; ResNet-50's 3x3 layers at 56x56 and 28x28 ran 1.5-1.8x
-faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``), unless the bf16
-layer runs on AMX tiles (a host that grants them, whole steps of 32 channels): the same
+faster so, Zen 4) on a map of at least 28x28 (``_BF16_WINOGRAD_MIN_PIXELS``): the same
 inputs, fused epilogue and fp32 output, the products on bfloat16 values summed in fp32
 (weights rounded once at pack time, activations inside the kernel).
 A ``batch_matmul`` of two activations (attention's products) becomes ``batch_matmul_bf16``,
@@ -16,6 +15,13 @@ convolutions become ``conv2d_bf16`` with their groups; depthwise ones keep fp32 
 plan changes. It is a choice of the user's (``tuner build --precision bf16``): the error it
 brings (about 3 significant digits per product) is what bf16 inference accepts, and whether it
 is faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``).
+
+On a host that grants AMX-BF16 tiles (Sapphire Rapids and later Xeons) a layer takes bf16 only
+where it runs on tiles: convolutions whose groups have whole steps of 32 channels (then even
+over fp32 Winograd: ResNet-50's 56x56 3x3 layer 1.04 -> 0.36 ms), denses of whole 32-column
+blocks. The rest keeps fp32, since these cores issue ``vdpbf16ps`` at half their FMAs' rate
+(ResNet-50's 3-channel stem took 5.1 ms as ``conv2d_bf16`` on it), and so do attention's
+``batch_matmul``s, which have no tile form yet.
 """
 
 from __future__ import annotations
@@ -64,32 +70,32 @@ def at_precision(workload: Workload, precision: str) -> Workload:
     check_precision(precision)
     if precision == "fp32":
         return workload
+    tiles = host_amx("tdpbf16ps")
     if isinstance(workload, Conv2d):
+        on_tiles = tiles and workload.C % BF16_TILE_CHANNELS == 0
+        if tiles and not on_tiles:
+            return workload  # vdpbf16ps: half the FMAs' rate on these Xeons
         if (default_winograd(workload, host_registers()) is not None
                 and workload.out_h * workload.out_w >= _BF16_WINOGRAD_MIN_PIXELS
-                and not _on_bf16_tiles(workload)):
+                and not on_tiles):
             return workload
         fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
         return Conv2dBf16(**fields)
     if isinstance(workload, GroupConv2d):
+        if tiles and (workload.C // workload.groups) % BF16_TILE_CHANNELS:
+            return workload
         fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(GroupConv2d)}
         return Conv2dBf16(**fields)
     if isinstance(workload, BatchMatmul):
-        if workload.B * workload.M * workload.N * workload.K < _BF16_MIN_PRODUCTS:
-            return workload
+        if tiles or workload.B * workload.M * workload.N * workload.K < _BF16_MIN_PRODUCTS:
+            return workload  # batch_matmul_bf16 has no tile form: vdpbf16ps
         return BatchMatmulBf16(B=workload.B, M=workload.M, N=workload.N, K=workload.K)
     if workload.op != "dense":
         return workload
     m, n, k = (getattr(workload, name) for name in ("M", "N", "K"))
-    if n % _LANES or k % 2:
+    if n % (2 * _LANES if tiles else _LANES) or k % 2:  # tiles take whole 32-column blocks
         return workload
     return DenseBf16(M=m, N=n, K=k, data="f32", epilogue=workload.epilogue_spec)
-
-
-def _on_bf16_tiles(workload: Conv2d) -> bool:
-    """Whether the bf16 convolution runs on AMX tiles here (``x86_conv2d_bf16``): at the
-    tiles' rate (about 3.5x the FMAs' on Emerald Rapids) it beats fp32 Winograd too."""
-    return workload.C % BF16_TILE_CHANNELS == 0 and host_amx("tdpbf16ps")
 
 
 def apply_precision(layers: Sequence[Layer], precision: str) -> list[Layer]:
