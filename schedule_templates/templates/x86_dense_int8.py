@@ -86,19 +86,25 @@ class DenseInt8X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseInt8)
-        if _on_tiles():
-            return _lower_amx(wl, config)
         inst = x86_dot_gemm.int8_instruction()
-        nr = config["tile_n"][2]
-        n_pad, words = padded_n(wl.N), padded_k(wl.K, inst) // inst.per_word
+        plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N) if _on_tiles() else None
+        if plan is None:
+            nr = config["tile_n"][2]
+            n_pad, rows_m = padded_n(wl.N), wl.M
+            words = padded_k(wl.K, inst) // inst.per_word
+            in_place = _reads_data_in_place(wl, inst)
+        else:  # rows padded to whole register blocks, K to whole tile steps (zero past K)
+            nr, n_pad, rows_m = 16, plan.N, plan.M
+            words = x86_amx_gemm.padded_words(wl.K)
+            in_place = _amx_in_place(wl, plan)
         stages: list[Stmt] = []
         workspaces: list[Buffer] = []
-        if _reads_data_in_place(wl, inst):
+        if in_place:
             data = Buffer("data", (wl.M, words), dtype="int32")  # 4 u8 per word
             rows = data
         else:
             data = Buffer("data", (wl.M, wl.K), dtype="uint8")
-            rows = Buffer("data_words", (wl.M, words), Scope.WORKSPACE, "int32")
+            rows = Buffer("data_words", (rows_m, words), Scope.WORKSPACE, "int32")
             workspaces.append(rows)
             stages.append(word_rows(lambda m, w: rows[m, w],
                                     lambda m, k: cast("int32", data[m, k]),
@@ -119,10 +125,14 @@ class DenseInt8X86(Template):
                 value = added.expr(value, n, wl.add)
             return store(tiles[m, n], value)
 
-        partial = partial_buffer(config, wl.M, n_pad, inst)
-        stages.append(dot_nest(config, inst, a=lambda m, w: rows[m, w],
-                               b=lambda p, w, j: packed[p, w, j], finish=finish,
-                               partial=partial, hint_b=True))
+        partial = None if plan is not None else partial_buffer(config, wl.M, n_pad, inst)
+        if plan is None:
+            stages.append(dot_nest(config, inst, a=lambda m, w: rows[m, w],
+                                   b=lambda p, w, j: packed[p, w, j], finish=finish,
+                                   partial=partial, hint_b=True))
+        else:
+            operands = x86_amx_gemm.dense_operands("tdpbusd", rows, packed, words)
+            stages.append(x86_amx_gemm.amx_nest(plan, operands, "int32", finish, wl.M))
         if tiles is not out:
             workspaces.append(tiles)
             stages.append(copy_rows(tiles, lambda m, n: out[m, n], wl.M, wl.N))
@@ -131,7 +141,8 @@ class DenseInt8X86(Template):
         params = (data, packed, compensation, scale,
                   *(() if wl.out == "f32" else (zero_point,)),
                   *(added.params if added else ()), out)
-        return Kernel("dense_int8_x86", params, tuple(workspaces), tuple(stages))
+        name = "dense_int8_x86" if plan is None else "dense_int8_amx"
+        return Kernel(name, params, tuple(workspaces), tuple(stages))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
@@ -167,48 +178,6 @@ def _on_tiles() -> bool:
     """AMX where the host has it (every such CPU has VNNI: a test forcing another instruction
     forces the vector kernel)."""
     return x86_dot_gemm.int8_instruction() is VNNI and x86_amx_gemm.host_amx("tdpbusd")
-
-
-def _lower_amx(wl: DenseInt8, config: Config) -> Kernel:
-    """The AMX form: the same buffers and output stage around ``x86_amx_gemm.amx_nest``."""
-    plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N)
-    words = x86_amx_gemm.padded_words(wl.K)
-    stages: list[Stmt] = []
-    workspaces: list[Buffer] = []
-    if _amx_in_place(wl, plan):
-        data = Buffer("data", (wl.M, wl.K // 4), dtype="int32")  # 4 u8 per word
-        rows = data
-    else:  # rows padded to whole register blocks, K to whole tile steps (zero past K)
-        data = Buffer("data", (wl.M, wl.K), dtype="uint8")
-        rows = Buffer("data_words", (plan.M, words), Scope.WORKSPACE, "int32")
-        workspaces.append(rows)
-        stages.append(word_rows(lambda m, w: rows[m, w], lambda m, k: cast("int32", data[m, k]),
-                                wl.M, wl.K, words, VNNI))
-    packed = Buffer("weight_packed", (plan.N // 16, words, 16), dtype="int32")
-    compensation = Buffer("compensation", (plan.N,), dtype="int32")
-    scale = Buffer("scale", (plan.N,) if wl.scale == "channel" else (1,))
-    zero_point = Buffer("out_zero_point", (1,), dtype="int32")
-    added = AddBuffers(plan.N) if wl.add != "none" else None
-    out = Buffer("out", (wl.M, wl.N), dtype=OUT_DTYPES[wl.add if added else wl.out])
-    tiles = out if plan.N == wl.N else Buffer("out_padded", (wl.M, plan.N), Scope.WORKSPACE,
-                                               out.dtype)
-
-    def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
-        value = requantized(acc + compensation[n],
-                            scale[n if wl.scale == "channel" else 0], zero_point[0], wl.out)
-        if added is not None:
-            value = added.expr(value, n, wl.add)
-        return store(tiles[m, n], value)
-
-    operands = x86_amx_gemm.dense_operands("tdpbusd", rows, packed, words)
-    stages.append(x86_amx_gemm.amx_nest(plan, operands, "int32", finish, wl.M))
-    if tiles is not out:
-        workspaces.append(tiles)
-        stages.append(copy_rows(tiles, lambda m, n: out[m, n], wl.M, wl.N))
-    params = (data, packed, compensation, scale,
-              *(() if wl.out == "f32" else (zero_point,)),
-              *(added.params if added else ()), out)
-    return Kernel("dense_int8_amx", params, tuple(workspaces), tuple(stages))
 
 
 def _amx_in_place(wl: DenseInt8, plan: x86_amx_gemm.AmxBlocking) -> bool:
