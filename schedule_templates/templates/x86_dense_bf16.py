@@ -68,10 +68,12 @@ class DenseBf16X86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseBf16)
-        if _on_tiles(wl):
-            return _lower_amx(wl, config)
-        nr = config["tile_n"][2]
-        words, rows_computed = wl.K // 2, _rows(wl)
+        plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N) if _on_tiles(wl) else None
+        if plan is None:
+            nr, words, rows_computed = config["tile_n"][2], wl.K // 2, _rows(wl)
+        else:  # rows padded to whole register blocks, K to whole tile steps (+0.0 past K:
+            # a NaN from stale bits would not vanish in a product with a zero weight)
+            nr, words, rows_computed = 16, x86_amx_gemm.padded_words(wl.K, 2), plan.M
         stages: list[Stmt] = []
         workspaces: list[Buffer] = []
         if wl.data == "bf16":
@@ -91,15 +93,20 @@ class DenseBf16X86(Template):
         def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
             return store(out[m, n], epilogue.apply(acc, n, (m, n)) if wl.epilogue else acc)
 
-        partial = partial_buffer(config, rows_computed, wl.N, BF16)
-        stages.append(dot_nest(config, BF16, a=lambda m, kg: rows[m, kg],
-                               b=lambda p, kg, j: packed[p, kg, j], finish=finish,
-                               partial=partial, hint_b=True,
-                               rows=None if rows_computed == wl.M else wl.M))
-        if partial is not None:
-            workspaces.append(partial)
-        return Kernel("dense_bf16_x86", (data, packed, *epilogue.buffers, out),
-                      tuple(workspaces), tuple(stages))
+        if plan is not None:
+            operands = x86_amx_gemm.dense_operands("tdpbf16ps", rows, packed, words)
+            stages.append(x86_amx_gemm.amx_nest(plan, operands, "float32", finish, wl.M))
+        else:
+            partial = partial_buffer(config, rows_computed, wl.N, BF16)
+            stages.append(dot_nest(config, BF16, a=lambda m, kg: rows[m, kg],
+                                   b=lambda p, kg, j: packed[p, kg, j], finish=finish,
+                                   partial=partial, hint_b=True,
+                                   rows=None if rows_computed == wl.M else wl.M))
+            if partial is not None:
+                workspaces.append(partial)
+        name = "dense_bf16_x86" if plan is None else "dense_bf16_amx"
+        return Kernel(name, (data, packed, *epilogue.buffers, out), tuple(workspaces),
+                      tuple(stages))
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
@@ -128,37 +135,6 @@ def _on_tiles(wl: DenseBf16) -> bool:
 def _bf16_in_place(wl: DenseBf16) -> bool:
     plan_m = x86_amx_gemm.amx_blocking_rows(wl.M)
     return wl.data == "bf16" and plan_m == wl.M and wl.K % (2 * x86_amx_gemm.TILE_WORDS) == 0
-
-
-def _lower_amx(wl: DenseBf16, config: Config) -> Kernel:
-    """The AMX form (``x86_amx_gemm``, ``tdpbf16ps``): the same buffers and epilogue; fp32
-    activations are rounded into rows padded to whole register blocks and tile steps (+0.0
-    past K: a NaN from uninitialised bits would not vanish in a product with a zero weight)."""
-    plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N)
-    words = x86_amx_gemm.padded_words(wl.K, 2)
-    stages: list[Stmt] = []
-    workspaces: list[Buffer] = []
-    if wl.data == "bf16":
-        data = Buffer("data", (wl.M, words), dtype="int32")
-        rows = data
-    else:
-        data = Buffer("data", (wl.M, wl.K))
-        rows = Buffer("data_words", (plan.M, words), Scope.WORKSPACE, "int32")
-        workspaces.append(rows)
-        stages.append(word_rows(lambda m, w: rows[m, w],
-                                lambda m, k: cast("int32", cast("bfloat16", data[m, k])),
-                                wl.M, wl.K, words, BF16))
-    packed = Buffer("weight_packed", (wl.N // 16, words, 16), dtype="int32")
-    out = Buffer("out", (wl.M, wl.N))
-    epilogue = epilogue_stage(wl)
-
-    def finish(acc: Expr, m: Expr, n: Expr) -> Stmt:
-        return store(out[m, n], epilogue.apply(acc, n, (m, n)) if wl.epilogue else acc)
-
-    operands = x86_amx_gemm.dense_operands("tdpbf16ps", rows, packed, words)
-    stages.append(x86_amx_gemm.amx_nest(plan, operands, "float32", finish, wl.M))
-    return Kernel("dense_bf16_amx", (data, packed, *epilogue.buffers, out), tuple(workspaces),
-                  tuple(stages))
 
 
 def _rows(wl: DenseBf16) -> int:
