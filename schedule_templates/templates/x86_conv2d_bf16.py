@@ -45,7 +45,6 @@ from schedule_templates.templates.x86_dot_gemm import (
     BF16,
     as_words,
     dot_default,
-    dot_nest,
     dot_space,
     padded_k,
     partial_buffer,
@@ -53,6 +52,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
     TileGeometry,
+    conv_gemm,
     copy_out,
     image_groups,
     phase_stage,
@@ -96,7 +96,7 @@ class Conv2dBf16X86(Template):
         kg = wl.group_out
         plan = (x86_amx_gemm.amx_blocking(config, kg, geo.columns)
                 if isinstance(geo, TileGeometry) else None)
-        nr, tile = config["tile_n"][2], None if plan is not None else pk_tile(config)
+        tile = None if plan is not None else pk_tile(config)
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
         if plan is not None:
             weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, geo.words)
@@ -136,14 +136,7 @@ class Conv2dBf16X86(Template):
                 return store(out[at], epilogue.apply(acc, k, at) if wl.epilogue else acc)
             return store(tiles[slot, m, q], acc)  # the epilogue runs on the copy (real pixels only)
 
-        if plan is not None:
-            operands = x86_amx_gemm.conv_operands("tdpbf16ps", weight, g, phased, base, taps,
-                                                  geo.words, geo.plane)
-            nest = x86_amx_gemm.amx_nest(plan, operands, "float32", finish, kg)
-        else:
-            nest = dot_nest(config, BF16, a=lambda m, w: weight[g, m, w],
-                            b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
-                            finish=finish, partial=partial, swap=True)
+        nest = conv_gemm(geo, config, plan, weight, g, phased, base, taps, finish, partial)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:

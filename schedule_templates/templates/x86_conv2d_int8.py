@@ -43,7 +43,6 @@ from schedule_templates.ir.nodes import (
     Kernel,
     Scope,
     Stmt,
-    cast,
     store,
 )
 from schedule_templates.space import Config, ConfigSpace
@@ -67,7 +66,6 @@ from schedule_templates.templates.x86_dot_gemm import (
     VNNI,
     as_words,
     dot_default,
-    dot_nest,
     dot_space,
     padded_k,
     partial_buffer,
@@ -76,6 +74,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
     TileGeometry,
+    conv_gemm,
     copy_out,
     image_groups,
     phase_stage,
@@ -122,7 +121,7 @@ class Conv2dInt8X86(Template):
         if is_depthwise(wl):
             layout = (geo.phase_h, geo.phase_w, geo.columns, geo.plane)
             return depthwise_kernel(wl, config, layout)
-        inst, nr = geo.inst, config["tile_n"][2]
+        inst = geo.inst
         kg = wl.group_out
         plan = (x86_amx_gemm.amx_blocking(config, kg, geo.columns)
                 if isinstance(geo, TileGeometry) else None)
@@ -185,14 +184,7 @@ class Conv2dInt8X86(Template):
                                 out_zp[0], wl.out)
             return store(tiles[slot, m, q], value)
 
-        if plan is not None:  # signed weights as the tiles' rows: tdpbsud
-            operands = x86_amx_gemm.conv_operands("tdpbsud", weight, g, phased, base, taps,
-                                                  geo.words, geo.plane)
-            nest = x86_amx_gemm.amx_nest(plan, operands, "int32", finish, kg)
-        else:
-            nest = dot_nest(config, inst, a=lambda m, w: weight[g, m, w],
-                            b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
-                            finish=finish, partial=partial, swap=True)
+        nest = conv_gemm(geo, config, plan, weight, g, phased, base, taps, finish, partial)
         body: list[Stmt] = [prepare, nest]
         if not geo.in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:

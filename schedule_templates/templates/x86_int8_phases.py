@@ -30,8 +30,16 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.space import Config
+from schedule_templates.templates import x86_amx_gemm
 from schedule_templates.templates.x86_depthwise_int8 import is_depthwise
-from schedule_templates.templates.x86_dot_gemm import VNNI, DotInstruction, padded_k, padded_n
+from schedule_templates.templates.x86_dot_gemm import (
+    VNNI,
+    DotInstruction,
+    Finish,
+    dot_nest,
+    padded_k,
+    padded_n,
+)
 from schedule_templates.templates.x86_int8_stages import copy_rows, vector_walk
 from schedule_templates.workloads import Conv2dBf16, Conv2dInt8
 
@@ -143,6 +151,25 @@ class TileGeometry(Geometry):
     def columns(self) -> int:
         pixels = self.wl.out_h * self.phase_w
         return -(-pixels // TILE_BLOCK_COLS) * TILE_BLOCK_COLS
+
+
+
+def conv_gemm(geo: Geometry, config: Config, plan: x86_amx_gemm.AmxBlocking | None,
+              weight: Buffer, g: Expr, phased: Buffer, base: Expr, taps: Buffer,
+              finish: Finish, partial: Buffer | None) -> Stmt:
+    """A group's GEMM, channel rows x pixel columns: on AMX tiles with ``plan`` (signed
+    weights as the tile rows, ``tdpbsud``; or ``tdpbf16ps``), else the vector dot nest
+    broadcasting each output channel's weight word (``weight[g][k][word]``)."""
+    bf16 = geo.inst.acc_dtype == "float32"
+    if plan is not None:
+        operands = x86_amx_gemm.conv_operands("tdpbf16ps" if bf16 else "tdpbsud", weight, g,
+                                              phased, base, taps, geo.words, geo.plane)
+        return x86_amx_gemm.amx_nest(plan, operands, geo.inst.acc_dtype, finish,
+                                     geo.wl.group_out)
+    nr = config["tile_n"][2]
+    return dot_nest(config, geo.inst, a=lambda m, w: weight[g, m, w],
+                    b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
+                    finish=finish, partial=partial, swap=True)
 
 
 
