@@ -17,7 +17,11 @@ instructions build either, with constants splatted to the value's type.
 - log: the exponent and the mantissa split apart, the mantissa moved to [sqrt(1/2), sqrt(2))
   and a polynomial in (m - 1); denormal inputs are scaled by 2^23 first;
 - sqrt, abs, floor: LLVM intrinsics (one instruction each on the host);
-- sigmoid = 1 / (1 + exp(-x)); tanh: an odd polynomial for |x| < 0.625 (where 1 - 2/(e^2x+1)
+- sigmoid = 1 / (1 + 2^y), y = -x log2(e) limited to +-125 so that nothing in it turns
+  denormal (sigmoid is 0 or 1 to float precision past that), 2^y as a degree-5 polynomial of
+  y's fraction scaled by 2^n taken from the rounding sum's bits: half the instructions of
+  exp's path (no flush or overflow handling), SiLU over 1.2M floats 0.46 -> 0.29 ms against a
+  0.11 ms copy (Zen 4). tanh: an odd polynomial for |x| < 0.625 (where 1 - 2/(e^2x+1)
   would cancel) and that formula beyond, which saturates at +-1 by itself;
 - erf: its Taylor series for |x| < 0.5 and Abramowitz & Stegun 7.1.26 (an e^-x^2 times a
   polynomial in 1 / (1 + p|x|), error below 1.5e-7) beyond.
@@ -56,6 +60,12 @@ _ERF_P = (1.9867275113938376e-06, 0.000284561887383461, 0.00388334016315639,
           0.053101714700460434, 0.19354553520679474, 1.1283791065216064)
 _ERF_Q = (3.7419391446746886e-05, 0.001185562927275896, 0.015207244083285332,
           0.11535011231899261, 0.5048578381538391, 1.0)
+# 2^f on [-0.5, 0.5], highest power first: our own fit (weighted least squares on the relative
+# error, the constant fixed at 1): 9.1e-8 relative error in float64, 1.9e-7 evaluated in float32
+_EXP2_POLY = (0.001326472614891827, 0.009671512991189957, 0.05550733581185341,
+              0.24022242426872253, 0.6931470036506653, 1.0)
+_ROUND_MAGIC_BITS = 0x4B400000  # the bits of _ROUND_MAGIC
+_SIGMOID_EXP2_LIMIT = 125.0
 _FLT_MIN = 1.17549435e-38
 #: just above ln(_FLT_MIN) (-87.336545) as a float32: e^x is normal from here up; below it
 #: e^x is flushed to zero
@@ -161,8 +171,17 @@ class _Math:
         return b.select(self.is_nan(x), x, y)
 
     def sigmoid(self, x: ir.Value) -> ir.Value:
-        e = self.exp(self.neg(x))
-        return self.b.fdiv(self.f(1.0), self.b.fadd(self.f(1.0), e))
+        b = self.b
+        # e^-x = 2^y, y = -x log2(e) kept within +-125 so that 2^y, 1 + 2^y and its reciprocal
+        # all stay normal floats: past that range sigmoid is 0 or 1 to float precision anyway
+        y = self.clamp(b.fmul(x, self.f(-_LOG2E)), -_SIGMOID_EXP2_LIMIT, _SIGMOID_EXP2_LIMIT)
+        t = b.fadd(y, self.f(_ROUND_MAGIC))
+        frac = b.fsub(y, b.fsub(t, self.f(_ROUND_MAGIC)))  # exact, in [-0.5, 0.5]
+        # 2^n from t's bits: its low mantissa bits hold n + the magic number's own bits
+        bits = b.add(b.bitcast(t, self.ity), self.i(127 - _ROUND_MAGIC_BITS))
+        e = b.fmul(self.horner(_EXP2_POLY, frac), b.bitcast(b.shl(bits, self.i(23)), self.ty))
+        s = b.fdiv(self.f(1.0), b.fadd(self.f(1.0), e))
+        return b.select(self.is_nan(x), x, s)
 
     def tanh(self, x: ir.Value) -> ir.Value:
         b = self.b

@@ -129,6 +129,21 @@ def test_saturation_and_exact_values():
 
 
 @pytest.mark.parametrize("width", [1, 16])
+def test_sigmoid_tail_is_relative_and_never_denormal(width):
+    # sigmoid(x) for very negative x is e^x: the result keeps its relative accuracy down to
+    # where it nears the smallest normal float, and no lane ever holds a denormal (a microcode
+    # assist per operation on Intel cores)
+    x = np.concatenate([np.linspace(-85.0, 0.0, 4096), np.linspace(-300.0, -85.0, 512)])
+    x = x.astype(np.float32)
+    got, _ = _run("sigmoid", x, width)
+    tiny = np.finfo(np.float32).tiny
+    assert np.all(got >= tiny), "a denormal or zero sigmoid"
+    want = 1.0 / (1.0 + np.exp(-x[:4096].astype(np.float64)))
+    rel = np.abs(got[:4096] - want) / want
+    assert rel.max() < 2e-5, f"relative error {rel.max():.2e} at x={x[rel.argmax()]!r}"
+
+
+@pytest.mark.parametrize("width", [1, 16])
 def test_float_division(width):
     n = 64
     a, b, dst = Buffer("a", (n,)), Buffer("b", (n,)), Buffer("dst", (n,))
