@@ -9,9 +9,10 @@ whole vectors: ``b`` channels of one pixel are contiguous in the output. The epi
 bias, residual, activation) is applied to the tile in the blocked layout.
 
 Rows are cut into tiles of any width (``x86_nchwc_window.row_tiles``). Padding is a copy into a
-zero-bordered blocked workspace. Image, channel block group and row block share one parallel
-loop, in the order ``outer_order`` says. Each reduction step hints the next channel group's
-weights into L2 (``weight_hints``): inside a model they come from memory.
+zero-bordered blocked workspace; a layer with ``in_layout=nchw`` (an RGB stem) reads plain NCHW
+planes instead, padded as the NCHW template pads them. Image, channel block group and row block
+share one parallel loop, in the order ``outer_order`` says. Each reduction step hints the next
+channel group's weights into L2 (``weight_hints``): inside a model they come from memory.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from schedule_templates.templates.base import Template, as_workload, register
 from schedule_templates.templates.choose import largest_divisor
 from schedule_templates.templates.epilogue import EpilogueStage, epilogue_arguments, epilogue_stage
 from schedule_templates.templates.weight_hints import row_hints
+from schedule_templates.templates.window import pad_stage, padded_buffer
 from schedule_templates.templates.x86_nchwc_window import (
     balanced_width,
     pad_blocked_stage,
@@ -120,7 +122,18 @@ class Conv2dNCHWcX86(Template):
         epilogue = epilogue_stage(wl)
         stages: list[Stmt] = []
         workspace: tuple[Buffer, ...] = ()
-        if any(wl.pad):
+        if wl.plain_in:  # one block at most: cb is 0; each tap reads one channel plane
+            if any(wl.pad):
+                plane = padded_buffer(wl)
+                workspace = (plane,)
+                stages.append(pad_stage(wl, data, plane))
+
+                def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
+                    return plane[n * wl.C + c, h, w]
+            else:
+                def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
+                    return data[n, c, h, w]
+        elif any(wl.pad):
             pad = padded_blocked(wl)
             workspace = (pad,)
             stages.append(pad_blocked_stage(wl, data, pad))

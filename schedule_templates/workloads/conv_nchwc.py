@@ -120,8 +120,12 @@ class BlockedWindow(_Window):
     def flops(self) -> int:
         return self.plain().flops()
 
+    def plain_data(self, data: np.ndarray) -> np.ndarray:
+        """The NCHW activations of the ``data`` input as the kernel receives it."""
+        return from_blocked(data, self.C)
+
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        data = from_blocked(inputs["data"], self.C)
+        data = self.plain_data(inputs["data"])
         out = self.plain().reference({"data": data,
                                       "weight": np.asarray(inputs["weight"], np.float32)})
         return self._finish(out, inputs)
@@ -138,39 +142,64 @@ class Conv2dNCHWc(BlockedWindow):
     ``out [N][K/b][OH][OW][b]``; the weight stays ``[K][C][R][S]``."""
 
     K: int = 0
+    #: ``nchw``: the input is plain NCHW (a layer with a fraction of a block of input channels
+    #: on a feature map, ``reads_plain``): an RGB stem blocked to 16 channels would read and
+    #: write 16/3 times its bytes, and its ``to_nchwc`` transform cost as much as the stem
+    in_layout: str = "blocked"
 
     op: ClassVar[str] = "conv2d_nchwc"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
         **_CONV_PARAMS,
         "K": ("int", None),
         **_WINDOW_PARAMS,
+        "in_layout": ("choice", "blocked"),
         "block": ("int", None),
         **_EPILOGUE_PARAM,
     }
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {"in_layout": ("blocked", "nchw")}
     examples: ClassVar[tuple[str, ...]] = (
         "conv2d_nchwc:N=1,C=11,H=9,W=10,K=20,R=3,S=3,pad=1,block=8",
         "conv2d_nchwc:N=1,C=16,H=7,W=7,K=24,R=1,S=1,block=8",
         "conv2d_nchwc:N=2,C=5,H=13,W=11,K=12,R=3,S=3,stride=2,pad=1,block=8",
         "conv2d_nchwc:N=1,C=20,H=9,W=9,K=17,R=1,S=1,stride=2,block=16",
         "conv2d_nchwc:N=1,C=3,H=15,W=15,K=16,R=7,S=7,stride=2,pad=3,block=16",
+        "conv2d_nchwc:N=1,C=3,H=17,W=16,K=20,R=3,S=3,stride=2,pad=1,in_layout=nchw,block=8",
+        "conv2d_nchwc:N=2,C=2,H=9,W=11,K=16,R=3,S=2,in_layout=nchw,block=16",
     )
 
     @property
     def out_channels(self) -> int:
         return self.K
 
+    def validate(self) -> None:
+        super().validate()
+        if self.plain_in and self.block < self.C:
+            raise InvalidWorkloadError(
+                f"conv2d_nchwc: in_layout=nchw needs at most one block of input channels "
+                f"(C={self.C}, block={self.block})")
+
+    @property
+    def plain_in(self) -> bool:
+        """Whether the kernel reads NCHW activations (``in_layout=nchw``)."""
+        return self.in_layout == "nchw"
+
+    def plain_data(self, data: np.ndarray) -> np.ndarray:
+        return np.asarray(data, np.float32) if self.plain_in else from_blocked(data, self.C)
+
     def plain(self) -> Conv2d:
         return Conv2d(self.N, self.C, self.H, self.W, self.R, self.S, self.stride, self.pad,
                       self.dilation, self.K)
 
     def input_shapes(self) -> dict[str, Shape]:
-        return {"data": (self.N, self.blocks_in, self.H, self.W, self.block),
+        data = ((self.N, self.C, self.H, self.W) if self.plain_in
+                else (self.N, self.blocks_in, self.H, self.W, self.block))
+        return {"data": data,
                 "weight": (self.K, self.C, self.R, self.S),
                 **self._epilogue_shapes()}
 
     def describe(self) -> str:
-        return self._blocked_describe(self.plain().describe().replace(
-            "conv2d", "blocked conv2d", 1))
+        text = self.plain().describe().replace("conv2d", "blocked conv2d", 1)
+        return self._blocked_describe(f"{text} from NCHW" if self.plain_in else text)
 
 
 @register

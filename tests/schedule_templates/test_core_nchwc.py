@@ -46,6 +46,22 @@ def test_blocked_shapes_pad_channels_to_whole_blocks():
     assert shapes["residual"] == workload.output_shape() == (2, 3, 5, 6, 8)
 
 
+def test_plain_input_layout_is_its_own_key_and_fits_one_block():
+    key = "conv2d_nchwc:N=1,C=3,H=16,W=16,K=32,R=3,S=3,stride=2,pad=1,in_layout=nchw,block=16"
+    workload = parse_workload(key)
+    assert workload.key == key and workload.plain_in
+    assert workload.input_shapes()["data"] == (1, 3, 16, 16)
+    blocked = parse_workload(key.replace("in_layout=nchw,", ""))
+    assert not blocked.plain_in and blocked.input_shapes()["data"] == (1, 1, 16, 16, 16)
+    inputs = workload.make_inputs(3)
+    same = dict(inputs, data=to_blocked(inputs["data"], 16))
+    np.testing.assert_array_equal(workload.reference(inputs), blocked.reference(same))
+    with pytest.raises(InvalidWorkloadError, match="one block"):
+        parse_workload(key.replace("C=3", "C=17"))
+    with pytest.raises(InvalidWorkloadError, match="in_layout"):
+        parse_workload(key.replace("in_layout=nchw", "in_layout=nhwc"))
+
+
 def test_reference_is_the_nchw_convolution_and_ignores_padded_input_lanes():
     workload = parse_workload("conv2d_nchwc:N=1,C=5,H=7,W=7,K=9,R=3,S=3,stride=2,pad=1,block=4")
     inputs = workload.make_inputs(1)
@@ -94,6 +110,12 @@ def test_packed_weights_are_zero_outside_the_real_channels():
     "depthwise_conv2d_nchwc:N=1,C=60,H=7,W=7,R=3,S=3,pad=1,block=8,epilogue=bias+relu6",
     "depthwise_conv2d_nchwc:N=1,C=36,H=15,W=15,R=5,S=5,stride=2,pad=2,block=8,epilogue=silu",
     "depthwise_conv2d_nchwc:N=1,C=32,H=112,W=112,R=3,S=3,pad=1,block=8",  # plane > stack
+    # RGB stems reading the plain input (padded and not)
+    "conv2d_nchwc:N=1,C=3,H=33,W=30,K=32,R=3,S=3,stride=2,pad=1,in_layout=nchw,block=16,"
+    "epilogue=bias+silu",
+    "conv2d_nchwc:N=1,C=3,H=23,W=23,K=24,R=7,S=7,stride=2,pad=3,in_layout=nchw,block=8",
+    "conv2d_nchwc:N=2,C=4,H=9,W=12,K=20,R=2,S=2,stride=2,in_layout=nchw,block=8,"
+    "epilogue=bias+relu",
 ])
 def test_default_configs_on_model_layers_match_numpy(key):
     for threads in (1, 2):
