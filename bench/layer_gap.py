@@ -39,6 +39,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from llvmlite import binding as llvm
 
+from tuner_service.errors import TunerServiceError
 from workers.hardware import cpu_facts
 
 HERE = Path(__file__).resolve().parent
@@ -176,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     ort = json.loads(peer.stdout)
-    ours = our_steps(args.model, args.library, args.threads, args.iterations)
+    try:
+        ours = our_steps(args.model, args.library, args.threads, args.iterations)
+    except TunerServiceError as e:  # not a library, or not this model's
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     report = compare(proto, ours, ort["nodes"])
     report["rows"] = report["rows"][:max(0, args.top)]
     out = {"model": str(args.model), "library": str(args.library), "threads": args.threads,

@@ -85,3 +85,10 @@ def test_an_unreadable_model_is_a_clear_error(tmp_path: Path) -> None:
          str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1 and "error: cannot read" in done.stderr
     assert "Traceback" not in done.stderr
+    onnx.save(_graph(), str(bad))  # a model, but no library beside it
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "layer_gap.py"), str(bad), "--library",
+         str(tmp_path), "--iterations", "2"], capture_output=True, text=True, timeout=300,
+        check=False)
+    assert done.returncode == 1 and "is not a kernel library" in done.stderr
+    assert "Traceback" not in done.stderr
