@@ -7,8 +7,12 @@ kernel tap is one contiguous vector load of an input pixel times one vector of w
 once as ``[C/b][R][S][b]``, zeros in padded lanes). Rows need no divisor of their width and a
 7x7 map is not vectorized along a 7-wide row. The epilogue is applied as the tile is stored.
 
-Padding comes from a zero-bordered copy: per channel block into the thread's stack buffer when
-the plane is small (read back from L1/L2 right away), otherwise a whole-tensor workspace.
+Padding comes from a zero-bordered copy (``local_copy``): per channel block into the thread's
+stack buffer when the plane is small (read back from L1/L2 right away), otherwise one band of
+input rows at a time, the rows a register tile's row block reads, just before it reads them;
+without ``local_copy``, a whole-tensor workspace. The whole-tensor copy doubled the traffic of
+the large stride-2 layers: MobileNet-v2's 112 x 112 96-channel one took 0.51 ms against
+onnxruntime's 0.16.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from schedule_templates.ir.nodes import (
     Buffer,
     Const,
     Expr,
+    IfThen,
     Kernel,
     Load,
     LoopKind,
     Scope,
     Stmt,
+    binop,
     loop,
     store,
 )
@@ -50,6 +56,8 @@ from schedule_templates.workloads import DepthwiseConv2dNCHWc, Workload
 MAX_DEFAULT_PIXELS = 8
 #: largest zero-bordered plane (floats, slack included) copied into a thread's stack buffer
 MAX_LOCAL_PLANE = 64 * 1024
+#: output rows one band of a larger plane serves (its row blocks, rounded to a divisor)
+BAND_OUTPUT_ROWS = 8
 
 
 def _accumulators(block: int) -> int:
@@ -69,7 +77,8 @@ class DepthwiseConv2dNCHWcX86(Template):
     name = "depthwise_conv2d_nchwc.x86"
     op = "depthwise_conv2d_nchwc"
     target_kind = "llvm"
-    version = 1
+    #: 2: a plane too large for the stack is copied band by band (version 1 copied the tensor)
+    version = 2
     fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
@@ -112,21 +121,35 @@ class DepthwiseConv2dNCHWcX86(Template):
         plane_shape = (1, wl.H + top + bottom, wl.W + left + right, b)
         local = (any(wl.pad) and bool(config["local_copy"])
                  and int(np.prod(plane_shape)) + SLACK <= MAX_LOCAL_PLANE)
+        # a plane too large for the stack is copied a band of rows at a time, each band just
+        # before the row blocks that read it (from L1/L2 rather than from a tensor-sized copy);
+        # a band spans several row blocks so that rows shared by neighbours are copied less
+        banded = any(wl.pad) and bool(config["local_copy"]) and not local
+        group = largest_divisor(oho, max(1, BAND_OUTPUT_ROWS // oht)) if banded else 1
+        groups = oho // group
+        band_rows = (group * oht - 1) * wl.stride[0] + (wl.R - 1) * wl.dilation[0] + 1
         plane = Buffer("plane", plane_shape, Scope.LOCAL, slack=SLACK)
-        if any(wl.pad) and not local:
+        band = Buffer("band", (1, band_rows, wl.W + left + right, b), Scope.LOCAL, slack=SLACK)
+        if any(wl.pad) and not (local or banded):
             pad = padded_blocked(wl)
             workspace = (pad,)
             stages.append(pad_blocked_stage(wl, data, pad))
-        # a thread that copies a plane owns all its rows; otherwise row blocks are shared too
-        t, par = loop("t", wl.N * wl.blocks_in * (1 if local else oho), LoopKind.PARALLEL)
-        hb, rows = loop("oh_o", oho if local else 1)
-        q = t if local else t // oho
-        h_block = hb if local else t % oho
+        # a thread that copies a plane owns all its rows, one that copies a band its group of
+        # row blocks; otherwise row blocks are shared out one by one
+        shares = 1 if local else groups if banded else oho
+        t, par = loop("t", wl.N * wl.blocks_in * shares, LoopKind.PARALLEL)
+        hb, rows = loop("oh_o", oho if local else group)
+        q = t // shares
+        h_block = hb if local else (t % shares) * group + hb
         n, cb = q // wl.blocks_in, q % wl.blocks_in
+        # the band's first row, in padded coordinates
+        first_row = (t % shares) * (group * oht * wl.stride[0])
 
         def src(h: Expr, w: Expr, k: Expr) -> Load:
             if local:
                 return plane[0, h, w, k]
+            if banded:
+                return band[0, h - first_row, w, k]
             if any(wl.pad):
                 return pad[q, h, w, k]
             return data[n, cb, h, w, k]
@@ -158,6 +181,8 @@ class DepthwiseConv2dNCHWcX86(Template):
         body: Stmt = rows(row_tiles(wl.out_w, int(config["ow_t"]), tile))
         if local:
             body = Allocate(plane, (*copy_blocked_plane(wl, data, plane, Const(0), n, cb), body))
+        elif banded:
+            body = Allocate(band, (*copy_band(wl, data, band, n, cb, first_row - top), body))
         stages.append(par(body))
         params = (data, weight, *epilogue.buffers, out)
         return Kernel("depthwise_conv2d_nchwc_x86", params, workspace, tuple(stages))
@@ -168,6 +193,37 @@ class DepthwiseConv2dNCHWcX86(Template):
         return {"data": inputs["data"],
                 "weight_packed": pack_blocked_depthwise(inputs["weight"], wl.block),
                 **epilogue_arguments(wl, inputs)}
+
+
+def copy_band(wl: DepthwiseConv2dNCHWc, data: Buffer, band: Buffer, n: Expr, cb: Expr,
+              first: Expr) -> list[Stmt]:
+    """Input rows ``first ..`` of channel block ``cb`` into ``band`` (``[1][rows][Wp][b]``):
+    rows outside the input and the left and right borders zero."""
+    _, left, _, right = wl.pad
+    rows, wp = band.shape[1], band.shape[2]
+    zero = Const(0.0, "float32")
+    i, band_rows = loop("bi", rows)
+    h = first + i
+
+    def zero_row(name: str) -> Stmt:
+        w, cols = loop(f"{name}w", wp)
+        k, vec = loop(f"{name}k", wl.block, LoopKind.VECTORIZE)
+        return cols(vec(store(band[0, i, w, k], zero)))
+
+    copied: list[Stmt] = []
+    for at, count, name in ((0, left, "bl"), (left + wl.W, right, "br")):
+        if count:
+            w, cols = loop(f"{name}w", count)
+            k, vec = loop(f"{name}k", wl.block, LoopKind.VECTORIZE)
+            copied.append(cols(vec(store(band[0, i, at + w, k], zero))))
+    w, cols = loop("bcw", wl.W)
+    k, vec = loop("bck", wl.block, LoopKind.VECTORIZE)
+    copied.append(cols(vec(store(band[0, i, left + w, k], data[n, cb, h, w, k]))))
+    return [band_rows((
+        IfThen(h < 0, (zero_row("bt"),)),
+        IfThen(h >= wl.H, (zero_row("bb"),)),
+        IfThen(binop("and", h >= 0, h < wl.H), tuple(copied)),
+    ))]
 
 
 def pack_blocked_depthwise(weight: np.ndarray, block: int) -> np.ndarray:

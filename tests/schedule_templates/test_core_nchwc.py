@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from schedule_templates.errors import InvalidWorkloadError
+from schedule_templates.ir.printer import format_kernel
 from schedule_templates.runtime import build
 from schedule_templates.templates.base import get_template
 from schedule_templates.templates.x86_conv2d_nchwc import pack_blocked_weight
@@ -121,6 +122,37 @@ def test_default_configs_on_model_layers_match_numpy(key):
     for threads in (1, 2):
         got, expected = run_default(key, threads)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("key", [
+    # planes too large for the stack: copied band by band (stride 2, asymmetric padding,
+    # dilation, a 5x5 window, the bands at the bottom edge)
+    "depthwise_conv2d_nchwc:N=1,C=24,H=101,W=97,R=3,S=3,stride=2,pad=1,block=8,"
+    "epilogue=bias+relu6",
+    "depthwise_conv2d_nchwc:N=2,C=8,H=96,W=90,R=3,S=3,stride=2,pad=0x1x1x0,block=8",
+    "depthwise_conv2d_nchwc:N=1,C=16,H=92,W=95,R=5,S=5,pad=2,block=8,epilogue=silu",
+    "depthwise_conv2d_nchwc:N=1,C=16,H=94,W=93,R=3,S=3,pad=2,dilation=2,block=8",
+])
+def test_banded_copies_match_numpy_under_random_tilings(key):
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    space = template.space(workload)
+    rng = np.random.default_rng(11)
+    inputs = workload.make_inputs(4)
+    expected = workload.reference(inputs)
+    configs = [space.get(i) for i in space.sample(40, rng)]
+    banded = [c for c in configs if c["local_copy"]][:3]
+    assert banded
+    for config in banded:
+        assert "band" in format_kernel(template.lower(workload, config))
+        artifact = build(workload, template, config, threads=2)
+        try:
+            prepared = artifact.prepare(inputs)
+            prepared.run()
+            np.testing.assert_allclose(prepared.output, expected, rtol=1e-4, atol=2e-5,
+                                       err_msg=str(config))
+        finally:
+            artifact.close()
 
 
 def test_narrow_rows_get_wide_tiles_without_a_divisor():
