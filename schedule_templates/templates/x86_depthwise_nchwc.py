@@ -9,8 +9,9 @@ once as ``[C/b][R][S][b]``, zeros in padded lanes). Rows need no divisor of thei
 
 Padding comes from a zero-bordered copy (``local_copy``): per channel block into the thread's
 stack buffer when the plane is small (read back from L1/L2 right away), otherwise one band of
-input rows at a time, the rows a register tile's row block reads, just before it reads them;
-without ``local_copy``, a whole-tensor workspace. The whole-tensor copy doubled the traffic of
+input rows at a time, the rows a group of row blocks (up to 8 output rows) reads, just before
+they read them; without ``local_copy``, or when even one row block's band would not fit the
+stack budget, a whole-tensor workspace. The whole-tensor copy doubled the traffic of
 the large stride-2 layers: MobileNet-v2's 112 x 112 96-channel one took 0.51 ms against
 onnxruntime's 0.16.
 """
@@ -124,10 +125,11 @@ class DepthwiseConv2dNCHWcX86(Template):
         # a plane too large for the stack is copied a band of rows at a time, each band just
         # before the row blocks that read it (from L1/L2 rather than from a tensor-sized copy);
         # a band spans several row blocks so that rows shared by neighbours are copied less
-        banded = any(wl.pad) and bool(config["local_copy"]) and not local
-        group = largest_divisor(oho, max(1, BAND_OUTPUT_ROWS // oht)) if banded else 1
+        group = _band_group(wl, oho, oht) if any(wl.pad) and config["local_copy"] else 0
+        banded = group > 0 and not local
+        group = group if banded else 1
         groups = oho // group
-        band_rows = (group * oht - 1) * wl.stride[0] + (wl.R - 1) * wl.dilation[0] + 1
+        band_rows = _band_rows(wl, group * oht)
         plane = Buffer("plane", plane_shape, Scope.LOCAL, slack=SLACK)
         band = Buffer("band", (1, band_rows, wl.W + left + right, b), Scope.LOCAL, slack=SLACK)
         if any(wl.pad) and not (local or banded):
@@ -193,6 +195,21 @@ class DepthwiseConv2dNCHWcX86(Template):
         return {"data": inputs["data"],
                 "weight_packed": pack_blocked_depthwise(inputs["weight"], wl.block),
                 **epilogue_arguments(wl, inputs)}
+
+
+def _band_rows(wl: DepthwiseConv2dNCHWc, out_rows: int) -> int:
+    """Input rows that ``out_rows`` consecutive output rows read."""
+    return (out_rows - 1) * wl.stride[0] + (wl.R - 1) * wl.dilation[0] + 1
+
+
+def _band_group(wl: DepthwiseConv2dNCHWc, oho: int, oht: int) -> int:
+    """Row blocks of ``oht`` rows one band serves (a divisor of ``oho``, up to
+    ``BAND_OUTPUT_ROWS`` output rows, the band within the stack budget), 0 if not even one."""
+    width = wl.W + wl.pad[1] + wl.pad[3]
+    fits = [g for g in range(1, oho + 1) if oho % g == 0 and g * oht <= max(
+        oht, BAND_OUTPUT_ROWS) and _band_rows(wl, g * oht) * width * wl.block + SLACK
+        <= MAX_LOCAL_PLANE]
+    return max(fits, default=0)
 
 
 def copy_band(wl: DepthwiseConv2dNCHWc, data: Buffer, band: Buffer, n: Expr, cb: Expr,

@@ -155,6 +155,18 @@ def test_banded_copies_match_numpy_under_random_tilings(key):
             artifact.close()
 
 
+def test_a_band_too_wide_for_the_stack_falls_back_to_the_workspace():
+    key = "depthwise_conv2d_nchwc:N=1,C=16,H=5,W=1500,R=3,S=3,pad=1,block=16"
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    config = template.default_config(workload)
+    assert config["local_copy"]
+    text = format_kernel(template.lower(workload, config))
+    assert "band" not in text and "data_pad" in text
+    got, expected = run_default(key)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5)
+
+
 def test_narrow_rows_get_wide_tiles_without_a_divisor():
     """A 7-wide map is two tiles (4 + 3), not seven 1-pixel ones."""
     for key in ("conv2d_nchwc:N=1,C=64,H=7,W=7,K=64,R=1,S=1,block=8",
