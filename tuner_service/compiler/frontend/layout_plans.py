@@ -2,8 +2,8 @@
 layer once.
 
 A job tuned for ``--layout auto`` holds both layouts' tasks: each plain conv task and, after
-it, its blocked twin (``frontend.extract``: the same key with ``_nchwc`` on the operator and a
-``block`` parameter). A library runs one of the two plans, never both, so an estimate is the
+it, its blocked twin (``frontend.extract``: the same key with ``_nchwc`` on the operator, a
+``block`` parameter and, for an RGB stem, ``in_layout=nchw``). A library runs one of the two plans, never both, so an estimate is the
 faster plan's weighted sum, not the sum over every task.
 """
 
@@ -28,8 +28,12 @@ def is_blocked(key: str) -> bool:
     return key.split(":", 1)[0].endswith("_nchwc")
 
 
+#: parameters a blocked twin adds to its plain task's key (``layout.blocked_workload``)
+_BLOCKED_PARAMS = ("block=", "in_layout=")
+
+
 def plain_key(key: str) -> str:
     """The plain task's key of a blocked twin's (the key itself for a plain one)."""
     op, _, body = key.partition(":")
-    params = [p for p in body.split(",") if not p.startswith("block=")]
+    params = [p for p in body.split(",") if not p.startswith(_BLOCKED_PARAMS)]
     return f"{op.removesuffix('_nchwc')}:{','.join(params)}"
