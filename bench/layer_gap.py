@@ -11,8 +11,9 @@ lists the ONNX nodes it runs, so a row is one of our steps beside the onnxruntim
 same nodes. onnxruntime fuses differently (a Conv may carry the Add and Relu after it; a SiLU
 becomes one QuickGelu node), so compare rows, not single nodes; its layout reorders and
 anything not mapped are their own rows. Step-by-step times include a Python call per step that
-the native program does not pay (about 10-20 us each). Prints JSON: totals, then the rows with
-the largest gap (ours - onnxruntime) first.
+the native program does not pay (about 10-20 us each), and a view step (Reshape, Flatten,
+Squeeze) costs a copy here but is an alias of its input's buffer there. Prints JSON: totals,
+then the rows with the largest gap (ours - onnxruntime) first.
 """
 
 from __future__ import annotations
@@ -86,8 +87,7 @@ def onnx_node_of(ort_name: str, names: set[str], producers: Mapping[str, str]) -
     if stem in producers:
         return producers[stem]
     # fusions are named after a node: "<node>/QuickGeluFusion/", "<node>_token_3", ...
-    best = max((n for n in names if ort_name.startswith(n)), key=len, default=None)
-    return best
+    return max((n for n in names if ort_name.startswith(n)), key=len, default=None)
 
 
 def our_steps(model: Path, library: Path, threads: int, iterations: int
