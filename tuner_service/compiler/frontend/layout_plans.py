@@ -3,8 +3,9 @@ layer once.
 
 A job tuned for ``--layout auto`` holds both layouts' tasks: each plain conv task and, after
 it, its blocked twin (``frontend.extract``: the same key with ``_nchwc`` on the operator, a
-``block`` parameter and, for an RGB stem, ``in_layout=nchw``). A library runs one of the two plans, never both, so an estimate is the
-faster plan's weighted sum, not the sum over every task.
+``block`` parameter and, for an RGB stem, ``in_layout=nchw``). A library runs one of the two
+plans, never both, so an estimate is the faster plan's weighted sum, not the sum over every
+task.
 """
 
 from __future__ import annotations
