@@ -27,12 +27,13 @@ from schedule_templates.templates import x86_amx_gemm
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
 
-#: BERT-base's int8 denses, ResNet-50's int8 convolutions of each kind, the 1024^3 dense in
+#: BERT-base's int8 denses, ResNet-50's int8 convolutions of each kind (the stem too), the 1024^3 dense in
 #: int8, bf16 and fp32
 DEFAULT_KEYS = (
     "dense_int8:M=128,N=768,K=768,bias=s32",
     "dense_int8:M=128,N=3072,K=768,bias=s32",
     "dense_int8:M=128,N=768,K=3072,bias=s32",
+    "conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3,bias=s32",
     "conv2d_int8:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1,bias=s32",
     "conv2d_int8:N=1,C=64,H=56,W=56,K=256,R=1,S=1,bias=s32,residual=u8",
     "conv2d_int8:N=1,C=256,H=14,W=14,K=256,R=3,S=3,pad=1,bias=s32",

@@ -48,6 +48,8 @@ TILE_K = 4 * TILE_WORDS  # bytes of the reduction one tile step takes
 BF16_TILE_CHANNELS = 2 * TILE_WORDS
 BLOCK_COLS = 2 * TILE_COLS  # columns of one register block
 Finish = Callable[[Expr, Expr, Expr], Stmt]  # (accumulator, m, n) -> the output store
+#: (row m, the register block's first column) -> statements run once per row before its stores
+RowHint = Callable[[Expr, Expr], list[Stmt]]
 
 
 @functools.cache
@@ -170,9 +172,9 @@ def pack_row_tiles(words: np.ndarray, rows: int) -> np.ndarray:
 
 
 def amx_nest(plan: AmxBlocking, ops: TileOperands, acc_dtype: str, finish: Finish,
-             rows: int) -> Stmt:
+             rows: int, row_hint: RowHint | None = None) -> Stmt:
     """The blocked nest over ``plan.M`` x ``plan.N``; ``finish`` stores each sum of the rows
-    below ``rows``."""
+    below ``rows``, after ``row_hint``'s statements for that row (prefetches) if given."""
     mo, no = plan.M // plan.block_m, plan.N // plan.block_n
     blocks, (jo, io) = block_loops(plan.parallel, plan.outer_order, mo, no)
     ti, ti_loop = loop("amx_m", plan.block_m // plan.tile_m)
@@ -187,9 +189,10 @@ def amx_nest(plan: AmxBlocking, ops: TileOperands, acc_dtype: str, finish: Finis
                          ops.ahead_b)
     r, r_loop = loop("amx_r", plan.tile_m)
     j, j_loop = loop("amx_j", BLOCK_COLS, LoopKind.VECTORIZE)
-    out = j_loop(finish(acc[r, j], m0 + r, n0 + j))
+    body: list[Stmt] = [*(row_hint(m0 + r, n0) if row_hint is not None else ()),
+                        j_loop(finish(acc[r, j], m0 + r, n0 + j))]
     if rows < plan.M:
-        out = IfThen(m0 + r < rows, (out,))
-    tile = Allocate(acc, (product, r_loop(out)))
+        body = [IfThen(m0 + r < rows, tuple(body))]
+    tile = Allocate(acc, (product, r_loop(*body)))
     inner = ti_loop(tj_loop(tile)) if plan.inner_order == "mn" else tj_loop(ti_loop(tile))
     return blocks(inner)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from schedule_templates.ir.amx import TILE_WORDS
 from schedule_templates.ir.nodes import (
     Buffer,
     Const,
@@ -153,19 +154,85 @@ class TileGeometry(Geometry):
         return -(-pixels // TILE_BLOCK_COLS) * TILE_BLOCK_COLS
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpandedGeometry(TileGeometry):
+    """A convolution on tiles whose channels do not fill a tile step (64 bytes of one tap:
+    ResNet's 3-channel stem). A tile of the pixel operand is 16 reduction words a fixed
+    stride apart, which channel words of one tap are only where a tap has 16 of them; so
+    every reduction word (tap, channel word) gets a plane of its own, the phase plane it
+    reads shifted by the tap's offset (``expand_stage``): an im2col of words. Its columns
+    are the output pixels themselves (no phase-width rows: the shift is done), so a map of
+    a multiple of 32 pixels is stored in place, and the words are padded to whole tile
+    steps with planes that zero weights multiply (never written: any integer times zero)."""
+
+    @property
+    def out_columns(self) -> int:
+        pixels = self.wl.out_h * self.wl.out_w
+        return -(-pixels // TILE_BLOCK_COLS) * TILE_BLOCK_COLS
+
+    @property
+    def out_in_place(self) -> bool:
+        return self.out_columns == self.wl.out_h * self.wl.out_w
+
+    @property
+    def tile_words(self) -> int:
+        """Reduction words padded to whole tile steps (16 words, 64 bytes)."""
+        return -(-self.words // TILE_WORDS) * TILE_WORDS
+
+    def expanded_offsets(self) -> np.ndarray:
+        """For reduction word w: where its plane starts in the expanded workspace."""
+        return (np.arange(self.tile_words, dtype=np.int64) * self.out_columns).astype(np.int32)
+
+
+def expands(wl: Conv2dInt8) -> bool:
+    """Whether an int8 convolution on tiles takes expanded planes: one group (grouped layers'
+    small GEMMs keep the vector kernel) of fewer channels than a tile step (64), with at
+    least half a step of reduction words; whole steps read the phase planes as they are."""
+    cw = -(-wl.group_in // 4)
+    return wl.groups == 1 and wl.group_in < 4 * TILE_WORDS and 2 * wl.R * wl.S * cw >= TILE_WORDS
+
+
+def expand_stage(geo: ExpandedGeometry, phased: Buffer, base: Expr, expanded: Buffer,
+                 expanded_base: Expr) -> Stmt:
+    """``expanded[w][oy * out_w + ox]`` = the word reduction word w reads for output pixel
+    (oy, ox): a row of its phase plane at the tap's offset, copied whole (contiguous words:
+    the phase stage has done the stride and the padding). Threaded over (word, output row)."""
+    wl = geo.wl
+    sh, sw = wl.stride
+    dh, dw = wl.dilation
+    cws = geo.channel_words
+    i, rows_loop = loop("ex_i", geo.words * wl.out_h, LoopKind.PARALLEL)
+    w, oy = i // wl.out_h, i % wl.out_h
+    tap, cw = w // cws, w % cws
+    dy, dx = (tap // wl.S) * dh, (tap % wl.S) * dw
+    phase = (dy % sh) * sw + dx % sw
+    source = ((phase * cws + cw) * geo.plane + (dy // sh) * geo.phase_w + dx // sw
+              + oy * geo.phase_w)
+    target = w * geo.out_columns + oy * wl.out_w
+
+    def element(ox: Expr) -> Stmt:
+        return store(expanded[expanded_base + target + ox], phased[base + source + ox])
+
+    return rows_loop(*vector_walk(wl.out_w, element, "ex"))
+
+
 
 def conv_gemm(geo: Geometry, config: Config, plan: x86_amx_gemm.AmxBlocking | None,
               weight: Buffer, g: Expr, phased: Buffer, base: Expr, taps: Buffer,
-              finish: Finish, partial: Buffer | None) -> Stmt:
+              finish: Finish, partial: Buffer | None,
+              row_hint: x86_amx_gemm.RowHint | None = None) -> Stmt:
     """A group's GEMM, channel rows x pixel columns: on AMX tiles with ``plan`` (signed
     weights as the tile rows, ``tdpbsud``; or ``tdpbf16ps``), else the vector dot nest
     broadcasting each output channel's weight word (``weight[g][k][word]``)."""
     bf16 = geo.inst.acc_dtype == "float32"
     if plan is not None:
+        # an expanded geometry's pixels are its expanded planes (``phased`` is those here)
+        words, plane = ((geo.tile_words, geo.out_columns) if isinstance(geo, ExpandedGeometry)
+                        else (geo.words, geo.plane))
         operands = x86_amx_gemm.conv_operands("tdpbf16ps" if bf16 else "tdpbsud", weight, g,
-                                              phased, base, taps, geo.words, geo.plane)
+                                              phased, base, taps, words, plane)
         return x86_amx_gemm.amx_nest(plan, operands, geo.inst.acc_dtype, finish,
-                                     geo.wl.group_out)
+                                     geo.wl.group_out, row_hint)
     nr = config["tile_n"][2]
     return dot_nest(config, geo.inst, a=lambda m, w: weight[g, m, w],
                     b=lambda p, w, j: phased[base + cast("int64", taps[w]) + p * nr + j],
@@ -243,10 +310,10 @@ def copy_out(geo: Geometry, tiles: Callable[[Expr, Expr], Expr], out: Buffer, n:
     pixel index where the rows hold no dropped column)."""
     wl = geo.wl
     kg, oh_count = wl.group_out, wl.out_h
-    if geo.phase_w == wl.out_w:
-        # no column dropped inside the rows (1x1 windows): a channel's tile row holds its
-        # pixels in NCHW order, so it is copied as one flat row (a 14x14 map: 12 whole
-        # registers and 4 lanes, where rows of 14 took an odd-sized vector per output row)
+    if geo.phase_w == wl.out_w or isinstance(geo, ExpandedGeometry):
+        # no column dropped inside the rows (1x1 windows, expanded planes): a channel's tile
+        # row holds its pixels in NCHW order, so it is copied as one flat row (a 14x14 map: 12
+        # whole registers and 4 lanes, where rows of 14 took an odd-sized vector per output row)
         pixels = wl.out_h * wl.out_w
 
         def flat(row: Expr, q: Expr) -> Expr:

@@ -100,6 +100,8 @@ def test_tile_matmul_refuses_more_tiles_than_registers():
     ("dense_int8:M=37,N=40,K=100,out=s8,add=u8", "tdpbusd"),
     ("conv2d_int8:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1,bias=s32", "tdpbsud"),
     ("conv2d_int8:N=1,C=256,H=14,W=14,K=1024,R=1,S=1,bias=s32,residual=u8", "tdpbsud"),
+    ("conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3,bias=s32", "tdpbsud"),
+    ("conv2d_int8:N=1,C=32,H=16,W=16,K=64,R=1,S=1,bias=s32,residual=u8", "tdpbsud"),
 ])
 def test_int8_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key, dot):
     """Wherever the tests run: the tile kernel (padding stages included) becomes tile loads and
@@ -116,19 +118,61 @@ def test_int8_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key, dot):
     assert "vpdpbusd" not in asm  # no vector dot products left beside the tiles
 
 
-def test_conv_int8_takes_tiles_only_for_whole_steps_of_channels(monkeypatch):
-    """A step of the tiles is 64 input channels of one tap: fewer (a stem, a small group)
-    stays on the vector kernel, and depthwise layers have their own."""
-    from schedule_templates.templates.x86_conv2d_int8 import TileGeometry, _geometry
+@pytest.mark.parametrize(("key", "hints"), [
+    ("conv2d_int8:N=1,C=64,H=56,W=56,K=256,R=1,S=1,bias=s32,residual=u8", True),  # in place
+    ("conv2d_int8:N=1,C=64,H=56,W=56,K=256,R=1,S=1,bias=s32", False),
+    ("conv2d_int8:N=1,C=256,H=14,W=14,K=1024,R=1,S=1,bias=s32,residual=u8", False),  # copied
+])
+def test_tiles_hint_the_shortcut_they_add_in_place(monkeypatch, key, hints):
+    """Stored in place, a register block reads the shortcut in 32 rows a map apart, so each
+    row hints its next line (prefetcht1); the copy of phase-width rows reads it in order."""
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    asm = _sapphire_rapids_asm(lower(workload, template, template.default_config(workload)))
+    assert ("prefetcht1" in asm) is hints
+
+
+def test_conv_int8_takes_tiles_for_whole_steps_or_expanded_planes(monkeypatch):
+    """A step of the tiles is 64 input channels of one tap; a single group of fewer channels
+    (a stem) takes expanded planes, one per reduction word, if it has half a step of words;
+    grouped layers of fewer channels, groups of a non-multiple of 64 and depthwise layers keep
+    the vector kernels."""
+    from schedule_templates.templates.x86_conv2d_int8 import (
+        ExpandedGeometry,
+        TileGeometry,
+        _geometry,
+    )
 
     monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
-    tiles = {key: isinstance(_geometry(parse_workload(key)), TileGeometry) for key in (
-        "conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1",
-        "conv2d_int8:N=1,C=3,H=16,W=16,K=64,R=7,S=7,stride=2,pad=3",
-        "conv2d_int8:N=1,C=128,H=8,W=8,K=128,R=3,S=3,pad=1,groups=4",
-        "conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1,groups=64")}
-    assert list(tiles.values()) == [True, False, False, False]
+    kinds = {}
+    for key in ("conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1",
+                "conv2d_int8:N=1,C=3,H=16,W=16,K=64,R=7,S=7,stride=2,pad=3",
+                "conv2d_int8:N=1,C=32,H=8,W=8,K=16,R=1,S=1",
+                "conv2d_int8:N=1,C=16,H=8,W=8,K=16,R=1,S=1",
+                "conv2d_int8:N=1,C=96,H=8,W=8,K=16,R=3,S=3,pad=1",
+                "conv2d_int8:N=1,C=128,H=8,W=8,K=128,R=3,S=3,pad=1,groups=4",
+                "conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1,groups=64"):
+        geo = _geometry(parse_workload(key))
+        kinds[key] = ("expanded" if isinstance(geo, ExpandedGeometry) else
+                      "tiles" if isinstance(geo, TileGeometry) else "vector")
+    assert list(kinds.values()) == ["tiles", "expanded", "expanded", "vector", "vector",
+                                    "vector", "vector"]
+
+
+def test_expanded_planes_pad_the_words_to_whole_steps():
+    from schedule_templates.templates.x86_int8_phases import ExpandedGeometry
+
+    geo = ExpandedGeometry(parse_workload(
+        "conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3"), x86_dot_gemm.VNNI)
+    assert (geo.words, geo.tile_words) == (49, 64)
+    assert geo.out_columns == 112 * 112 and geo.out_in_place
+    assert geo.expanded_offsets().tolist() == [w * 112 * 112 for w in range(64)]
+    odd = ExpandedGeometry(parse_workload("conv2d_int8:N=1,C=5,H=9,W=9,K=8,R=3,S=3,pad=1"),
+                           x86_dot_gemm.VNNI)
+    assert (odd.words, odd.tile_words, odd.out_columns, odd.out_in_place) == (18, 32, 96, False)
 
 
 def test_amx_blocking_tiles_the_padded_extents():

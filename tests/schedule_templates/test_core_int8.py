@@ -237,10 +237,23 @@ def test_conv_int8_reference_is_the_definition(key):
     "conv2d_int8:N=1,C=64,H=11,W=10,K=64,R=3,S=3,stride=2,pad=1,out=f32",
     "conv2d_int8:N=1,C=128,H=8,W=8,K=96,R=1,S=1,stride=2,bias=s32",
     "conv2d_int8:N=1,C=128,H=6,W=5,K=32,R=3,S=3,pad=1,groups=2,bias=s32",
+    # fewer than 64 channels in one group: expanded planes on AMX (one plane per reduction
+    # word, padded to whole steps), stored in place where the pixels are whole blocks of 32,
+    # with the shortcut added (and hinted a line ahead) in place
+    "conv2d_int8:N=2,C=32,H=8,W=8,K=48,R=1,S=1,bias=s32,residual=u8",
+    "conv2d_int8:N=1,C=24,H=8,W=4,K=16,R=3,S=3,pad=1,out=s8,residual=s8",
+    "conv2d_int8:N=2,C=3,H=24,W=22,K=40,R=7,S=7,stride=2,pad=3,bias=s32",
 ])
 def test_conv_int8_is_exact(instruction, key):
     out, ref, _ = run(key)
     assert out.dtype == ref.dtype and out.shape == ref.shape
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_int8_stem_on_threads(instruction, threads):
+    out, ref, _ = run("conv2d_int8:N=1,C=3,H=40,W=40,K=64,R=7,S=7,stride=2,pad=3,bias=s32",
+                      threads=threads)
     np.testing.assert_array_equal(out, ref)
 
 
