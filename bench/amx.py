@@ -27,8 +27,8 @@ from schedule_templates.templates import x86_amx_gemm
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
 
-#: BERT-base's int8 denses, ResNet-50's int8 convolutions of each kind (the stem too), the 1024^3 dense in
-#: int8, bf16 and fp32
+#: BERT-base's int8 denses, ResNet-50's int8 convolutions of each kind (the stem too), the
+#: 1024^3 dense in int8, bf16 and fp32
 DEFAULT_KEYS = (
     "dense_int8:M=128,N=768,K=768,bias=s32",
     "dense_int8:M=128,N=3072,K=768,bias=s32",
