@@ -256,6 +256,8 @@ def phase_stage(wl: Conv2dInt8 | Conv2dBf16, geo: Geometry, data: Buffer, pad: E
     sh, sw = wl.stride
     top, left, _, _ = wl.pad
     per, bits = geo.inst.per_word, 32 // geo.inst.per_word
+    if geo.phases == 1 and not any(wl.pad) and wl.group_in % per == 0:
+        return _flat_words(wl, geo, data, phased, n, g, encode, base)
     # only the phases some tap reads (a strided 1x1 convolution reads one of four)
     used = geo.used_phases()
     rows = len(used) * geo.phase_h
@@ -300,6 +302,24 @@ def phase_stage(wl: Conv2dInt8 | Conv2dBf16, geo: Geometry, data: Buffer, pad: E
     return rows_loop(*vector_walk(x_lo, element(True), "ph_l"),
                      *vector_walk(x_hi - x_lo, element(False), "ph", start=x_lo),
                      *vector_walk(geo.phase_w - x_hi, element(True), "ph_e", start=x_hi))
+
+
+def _flat_words(wl: Conv2dInt8 | Conv2dBf16, geo: Geometry, data: Buffer, phased: Buffer,
+                n: Expr, g: Expr, encode: Callable[[Expr], Expr], base: Expr | int) -> Stmt:
+    """The phase stage of an unpadded stride-1 map (ResNet's 1x1 layers): one phase whose
+    rows are the image's, so each channel word's plane is its ``H * W`` pixels in order,
+    walked flat (whole registers, where rows of 56 or 14 ended in an odd-sized piece)."""
+    per, bits = geo.inst.per_word, 32 // geo.inst.per_word
+    cw, words_loop = loop("ph_cw", geo.channel_words, LoopKind.PARALLEL)
+    first = g * wl.group_in + cw * per
+
+    def element(q: Expr) -> Stmt:
+        word: Expr = encode(data[n, first, 0, q])
+        for k in range(1, per):  # wrapping int32 arithmetic: the top byte may set the sign
+            word = word + encode(data[n, first + k, 0, q]) * Const(1 << (bits * k), "int32")
+        return store(phased[base + cw * geo.plane + q], word)
+
+    return words_loop(*vector_walk(wl.H * wl.W, element, "ph_f"))
 
 
 def copy_out(geo: Geometry, tiles: Callable[[Expr, Expr], Expr], out: Buffer, n: Expr,
