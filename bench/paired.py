@@ -4,7 +4,8 @@ that hold on a machine whose speed changes under it.
     python bench/paired.py MODEL.onnx ENGINE [ENGINE ...] [--threads 1] [--rounds 40]
 
 An ENGINE is a library directory of ``tuner build`` (``DIR@T`` runs it at T threads instead),
-``onnxruntime`` or ``openvino`` (fp32, as ``bench/zoo_peer.py`` makes them). After a warm-up,
+``onnxruntime``, ``openvino`` (fp32) or ``openvino-bf16``, as ``bench/zoo_peer.py`` makes
+them. After a warm-up,
 each round runs every engine once, in the order given; each run is paired with the first
 engine's run of the same round, so a change of the machine's speed between rounds (these VMs
 switch between phases about 2x apart, within a process too) hits both sides of a ratio alike.
@@ -40,7 +41,7 @@ import numpy as np
 from tuner_service.errors import TunerServiceError
 from workers.hardware import cpu_facts
 
-PEERS = ("onnxruntime", "openvino")
+PEERS = ("onnxruntime", "openvino", "openvino-bf16")
 
 
 def engine_fn(engine: str, model: Path, threads: int) -> Callable[[], Any]:
@@ -57,10 +58,10 @@ def engine_fn(engine: str, model: Path, threads: int) -> Callable[[], Any]:
         feeds = seeded_feeds([(i.name, list(i.shape), _ORT_TYPES[i.type])
                               for i in session.get_inputs()])
         return lambda: session.run(None, feeds)
-    if engine == "openvino":
+    if engine in ("openvino", "openvino-bf16"):
         from zoo_peer import openvino_fn
 
-        return openvino_fn(model, threads)
+        return openvino_fn(model, threads, "bf16" if engine == "openvino-bf16" else "f32")
     from tuner_service.compiler.deploy.executor import ModelRunner
     from tuner_service.compiler.deploy.loader import KernelLibrary
 
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("engines", nargs="+",
-                        help="library directories (DIR or DIR@THREADS), onnxruntime, openvino")
+                        help="library directories (DIR or DIR@THREADS), onnxruntime, openvino, "
+                             "openvino-bf16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args(argv)

@@ -50,11 +50,15 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
 )
 from schedule_templates.templates.x86_int8_phases import (
+    ExpandedGeometry,
     Geometry,
     TileGeometry,
     conv_gemm,
     copy_out,
+    expands,
+    gemm_pixels,
     image_groups,
+    padded_words,
     phase_stage,
 )
 from schedule_templates.templates.x86_pixel_rows import (
@@ -94,22 +98,23 @@ class Conv2dBf16X86(Template):
         wl = _as(workload, Conv2dBf16)
         geo = _geometry(wl)
         kg = wl.group_out
-        plan = (x86_amx_gemm.amx_blocking(config, kg, geo.columns)
+        columns, in_place = geo.gemm_columns, geo.gemm_in_place
+        plan = (x86_amx_gemm.amx_blocking(config, kg, columns)
                 if isinstance(geo, TileGeometry) else None)
         tile = None if plan is not None else pk_tile(config)
         data = Buffer("data", (wl.N, wl.C, wl.H, wl.W))
         if plan is not None:
-            weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, geo.words)
+            weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, geo.gemm_words)
         elif tile is not None:
             weight = Buffer("weight_packed", (wl.groups, kg // tile[1], geo.words, tile[1]),
                             dtype="int32")
         else:
             weight = Buffer("weight_packed", (wl.groups, kg, geo.words), dtype="int32")
-        taps = Buffer("tap_offsets", (geo.words,), dtype="int32")
+        taps = Buffer("tap_offsets", (geo.gemm_words,), dtype="int32")
         out = Buffer("out", wl.output_shape())
         epilogue = epilogue_stage(wl)
         frame = image_groups(geo, config)
-        tiles = Buffer("tiles", (frame.slots, kg, geo.columns), Scope.WORKSPACE)
+        tiles = Buffer("tiles", (frame.slots, kg, columns), Scope.WORKSPACE)
         partial = None if plan is not None else partial_buffer(config, kg, geo.columns, BF16)
 
         n, g, slot, phased, base = frame.n, frame.g, frame.slot, frame.phased, frame.base
@@ -131,19 +136,22 @@ class Conv2dBf16X86(Template):
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
-            if geo.in_place:
+            if in_place:
                 at = (n, k, Const(0), q)
                 return store(out[at], epilogue.apply(acc, k, at) if wl.epilogue else acc)
             return store(tiles[slot, m, q], acc)  # the epilogue runs on the copy (real pixels only)
 
-        nest = conv_gemm(geo, config, plan, weight, g, phased, base, taps, finish, partial)
-        body: list[Stmt] = [prepare, nest]
-        if not geo.in_place:
+        expand, pixels, pixels_base = gemm_pixels(geo, frame)
+        nest = conv_gemm(geo, config, plan, weight, g, pixels, pixels_base, taps, finish,
+                         partial)
+        body: list[Stmt] = [prepare, *expand, nest]
+        if not in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
                 return epilogue.apply(tile, k, (n, k, oh, ow)) if wl.epilogue else tile
 
             body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
-        workspaces = (phased, *(() if geo.in_place else (tiles,)),
+        workspaces = (phased, *((pixels,) if pixels is not phased else ()),
+                      *(() if in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_bf16_x86", params, workspaces, (frame.loop(*body),))
 
@@ -158,17 +166,21 @@ class Conv2dBf16X86(Template):
         tile = None if isinstance(geo, TileGeometry) else pk_tile(config)
         packed = (pack_pixel_row_weights(values, wl.groups, tile[1], BF16) if tile is not None
                   else as_words(values).reshape(wl.groups, wl.group_out, geo.words))
-        if isinstance(geo, TileGeometry):
-            rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.columns).M
-            packed = x86_amx_gemm.pack_row_tiles(packed, rows)
+        if isinstance(geo, TileGeometry):  # zero weights for expanded planes' padding
+            rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.gemm_columns).M
+            packed = x86_amx_gemm.pack_row_tiles(padded_words(packed, geo), rows)
         return {"data": np.asarray(inputs["data"], dtype=np.float32),
                 "weight_packed": np.ascontiguousarray(packed),
-                "tap_offsets": geo.tap_offsets(), **epilogue_arguments(wl, inputs)}
+                "tap_offsets": geo.gemm_offsets(), **epilogue_arguments(wl, inputs)}
 
 
 def _geometry(wl: Conv2dBf16) -> Geometry:
     """AMX tiles where the host has AMX-BF16 and a tile step (32 channels) stays inside one
-    tap; ``vdpbf16ps`` else."""
-    tiles = (wl.group_in % x86_amx_gemm.BF16_TILE_CHANNELS == 0
-             and x86_amx_gemm.host_amx("tdpbf16ps"))
-    return TileGeometry(wl, BF16) if tiles else Geometry(wl, BF16)
+    tap, or expanded planes for one group of fewer channels (an RGB stem); ``vdpbf16ps``
+    else."""
+    if x86_amx_gemm.host_amx("tdpbf16ps"):
+        if wl.group_in % x86_amx_gemm.BF16_TILE_CHANNELS == 0:
+            return TileGeometry(wl, BF16)
+        if expands(wl, BF16.per_word):
+            return ExpandedGeometry(wl, BF16)
+    return Geometry(wl, BF16)

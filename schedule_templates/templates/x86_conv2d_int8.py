@@ -78,9 +78,10 @@ from schedule_templates.templates.x86_int8_phases import (
     TileGeometry,
     conv_gemm,
     copy_out,
-    expand_stage,
     expands,
+    gemm_pixels,
     image_groups,
+    padded_words,
     phase_stage,
 )
 from schedule_templates.templates.x86_pixel_rows import (
@@ -135,10 +136,7 @@ class Conv2dInt8X86(Template):
             return depthwise_kernel(wl, config, layout)
         inst = geo.inst
         kg = wl.group_out
-        expanded = isinstance(geo, ExpandedGeometry)
-        columns = geo.out_columns if isinstance(geo, ExpandedGeometry) else geo.columns
-        in_place = geo.out_in_place if isinstance(geo, ExpandedGeometry) else geo.in_place
-        words = geo.tile_words if isinstance(geo, ExpandedGeometry) else geo.words
+        columns, in_place, words = geo.gemm_columns, geo.gemm_in_place, geo.gemm_words
         plan = (x86_amx_gemm.amx_blocking(config, kg, columns)
                 if isinstance(geo, TileGeometry) else None)
         tile = None if plan is not None else pk_tile(config)
@@ -207,13 +205,8 @@ class Conv2dInt8X86(Template):
                 return [prefetch(fused.residual[n, g * kg + m, 0, q + RESIDUAL_AHEAD],
                                  RESIDUAL_LOCALITY)]
 
-        body: list[Stmt] = [prepare]
-        pixels, pixels_base = phased, base
-        if isinstance(geo, ExpandedGeometry):
-            size = geo.tile_words * geo.out_columns
-            pixels = Buffer("expanded", (frame.slots * size,), Scope.WORKSPACE, "int32")
-            pixels_base = slot * size
-            body.append(expand_stage(geo, phased, base, pixels, pixels_base))
+        expand, pixels, pixels_base = gemm_pixels(geo, frame)
+        body: list[Stmt] = [prepare, *expand]
         body.append(conv_gemm(geo, config, plan, weight, g, pixels, pixels_base, taps, finish,
                               partial, row_hint))
         if not in_place:
@@ -221,7 +214,7 @@ class Conv2dInt8X86(Template):
                 return tile if fused is None else fused.expr(tile, fused.residual[n, k, oh, ow])
 
             body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
-        workspaces = (phased, *((pixels,) if expanded else ()),
+        workspaces = (phased, *((pixels,) if pixels is not phased else ()),
                       *(() if in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_int8_x86", params, workspaces, (frame.loop(*body),))
@@ -237,9 +230,7 @@ class Conv2dInt8X86(Template):
             "data": typed(inputs, "data", np.uint8),
             **({"weight_taps": weight.reshape(wl.K, -1).astype(np.int32)} if is_depthwise(wl)
                else {"weight_packed": _pack_weights(wl, geo, weight, config),
-                     "tap_offsets": (geo.expanded_offsets()
-                                     if isinstance(geo, ExpandedGeometry)
-                                     else geo.tap_offsets())}),
+                     "tap_offsets": geo.gemm_offsets()}),
             "data_zero_point": data_zp,
             "compensation": compensation(wl.bias, inputs, weight, int(data_zp[0])),
             "scale": scale,
@@ -263,13 +254,9 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
     if tile is not None:
         return pack_pixel_row_weights(values, wl.groups, tile[1], geo.inst)
     words = as_words(values).reshape(wl.groups, wl.group_out, geo.words)
-    if isinstance(geo, ExpandedGeometry):  # zero weights for the padding planes
-        words = np.pad(words, ((0, 0), (0, 0), (0, geo.tile_words - geo.words)))
-        rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.out_columns).M
-        return x86_amx_gemm.pack_row_tiles(words, rows)
-    if isinstance(geo, TileGeometry):
-        rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.columns).M
-        return x86_amx_gemm.pack_row_tiles(words, rows)
+    if isinstance(geo, TileGeometry):  # zero weights for an expanded geometry's padding planes
+        rows = x86_amx_gemm.amx_blocking(config, wl.group_out, geo.gemm_columns).M
+        return x86_amx_gemm.pack_row_tiles(padded_words(words, geo), rows)
     return np.ascontiguousarray(words)
 
 
@@ -280,7 +267,7 @@ def _geometry(wl: Conv2dInt8) -> Geometry:
     if inst is VNNI and not is_depthwise(wl) and x86_amx_gemm.host_amx("tdpbsud"):
         if wl.group_in % x86_amx_gemm.TILE_K == 0:
             return TileGeometry(wl, inst)
-        if expands(wl):
+        if expands(wl, inst.per_word):
             return ExpandedGeometry(wl, inst)
     return Geometry(wl, inst)
 

@@ -118,6 +118,23 @@ class Geometry:
             (wl.S - 1) * wl.dilation[1] // wl.stride[1])
         return max(self.phase_h * self.phase_w, self.columns + reach)
 
+    # what the GEMM sees: the phase planes here, expanded planes in ``ExpandedGeometry``
+    @property
+    def gemm_columns(self) -> int:
+        return self.columns
+
+    @property
+    def gemm_in_place(self) -> bool:
+        return self.in_place
+
+    @property
+    def gemm_words(self) -> int:
+        return self.words
+
+    def gemm_offsets(self) -> np.ndarray:
+        """For each reduction word of the GEMM: where its column 0 lies in its pixels."""
+        return self.tap_offsets()
+
     def used_phases(self) -> list[int]:
         """The phases some tap reads: all of them, or (a strided 1x1 convolution) one."""
         wl = self.wl
@@ -163,40 +180,44 @@ class ExpandedGeometry(TileGeometry):
     reads shifted by the tap's offset (``expand_stage``): an im2col of words. Its columns
     are the output pixels themselves (no phase-width rows: the shift is done), so a map of
     a multiple of 32 pixels is stored in place, and the words are padded to whole tile
-    steps with planes that zero weights multiply (never written: any integer times zero)."""
+    steps with planes that zero weights multiply (left as they are in int8, where any
+    integer times zero is zero; zeroed in bf16, where stale bits could be a NaN)."""
 
     @property
-    def out_columns(self) -> int:
+    def gemm_columns(self) -> int:
         pixels = self.wl.out_h * self.wl.out_w
         return -(-pixels // TILE_BLOCK_COLS) * TILE_BLOCK_COLS
 
     @property
-    def out_in_place(self) -> bool:
-        return self.out_columns == self.wl.out_h * self.wl.out_w
+    def gemm_in_place(self) -> bool:
+        return self.gemm_columns == self.wl.out_h * self.wl.out_w
 
     @property
-    def tile_words(self) -> int:
+    def gemm_words(self) -> int:
         """Reduction words padded to whole tile steps (16 words, 64 bytes)."""
         return -(-self.words // TILE_WORDS) * TILE_WORDS
 
-    def expanded_offsets(self) -> np.ndarray:
+    def gemm_offsets(self) -> np.ndarray:
         """For reduction word w: where its plane starts in the expanded workspace."""
-        return (np.arange(self.tile_words, dtype=np.int64) * self.out_columns).astype(np.int32)
+        return (np.arange(self.gemm_words, dtype=np.int64) * self.gemm_columns).astype(np.int32)
 
 
-def expands(wl: Conv2dInt8) -> bool:
-    """Whether an int8 convolution on tiles takes expanded planes: one group (grouped layers'
-    small GEMMs keep the vector kernel) of fewer channels than a tile step (64), with at
-    least half a step of reduction words; whole steps read the phase planes as they are."""
-    cw = -(-wl.group_in // 4)
-    return wl.groups == 1 and wl.group_in < 4 * TILE_WORDS and 2 * wl.R * wl.S * cw >= TILE_WORDS
+def expands(wl: Conv2dInt8 | Conv2dBf16, per_word: int) -> bool:
+    """Whether a convolution on tiles takes expanded planes: one group (grouped layers'
+    small GEMMs keep the vector kernel) of fewer channels than a tile step (16 words of
+    ``per_word`` channels), with at least half a step of reduction words; whole steps read
+    the phase planes as they are."""
+    cw = -(-wl.group_in // per_word)
+    return (wl.groups == 1 and wl.group_in < per_word * TILE_WORDS
+            and 2 * wl.R * wl.S * cw >= TILE_WORDS)
 
 
 def expand_stage(geo: ExpandedGeometry, phased: Buffer, base: Expr, expanded: Buffer,
-                 expanded_base: Expr) -> Stmt:
+                 expanded_base: Expr) -> list[Stmt]:
     """``expanded[w][oy * out_w + ox]`` = the word reduction word w reads for output pixel
     (oy, ox): a row of its phase plane at the tap's offset, copied whole (contiguous words:
-    the phase stage has done the stride and the padding). Threaded over (word, output row)."""
+    the phase stage has done the stride and the padding). Threaded over (word, output row).
+    The padding planes are zeroed for bf16."""
     wl = geo.wl
     sh, sw = wl.stride
     dh, dw = wl.dilation
@@ -208,13 +229,36 @@ def expand_stage(geo: ExpandedGeometry, phased: Buffer, base: Expr, expanded: Bu
     phase = (dy % sh) * sw + dx % sw
     source = ((phase * cws + cw) * geo.plane + (dy // sh) * geo.phase_w + dx // sw
               + oy * geo.phase_w)
-    target = w * geo.out_columns + oy * wl.out_w
+    target = w * geo.gemm_columns + oy * wl.out_w
 
     def element(ox: Expr) -> Stmt:
         return store(expanded[expanded_base + target + ox], phased[base + source + ox])
 
-    return rows_loop(*vector_walk(wl.out_w, element, "ex"))
+    stages = [rows_loop(*vector_walk(wl.out_w, element, "ex"))]
+    padding = (geo.gemm_words - geo.words) * geo.gemm_columns
+    if padding and geo.inst.acc_dtype == "float32":
+        z, zeros_loop = loop("ex_z", padding // TILE_BLOCK_COLS, LoopKind.PARALLEL)
+        start = expanded_base + geo.words * geo.gemm_columns + z * TILE_BLOCK_COLS
+        stages.append(zeros_loop(*vector_walk(
+            TILE_BLOCK_COLS, lambda q: store(expanded[start + q], Const(0, "int32")), "ex_z")))
+    return stages
 
+
+def gemm_pixels(geo: Geometry, frame: ImageGroups) -> tuple[list[Stmt], Buffer, Expr]:
+    """What the GEMM reads its pixel tiles from: (the stages that make it after the phase
+    stage, the buffer, this iteration's start in it): the phase planes themselves, or an
+    expanded geometry's planes (a workspace of their own)."""
+    if not isinstance(geo, ExpandedGeometry):
+        return [], frame.phased, frame.base
+    size = geo.gemm_words * geo.gemm_columns
+    expanded = Buffer("expanded", (frame.slots * size,), Scope.WORKSPACE, "int32")
+    start = frame.slot * size
+    return expand_stage(geo, frame.phased, frame.base, expanded, start), expanded, start
+
+
+def padded_words(words: np.ndarray, geo: Geometry) -> np.ndarray:
+    """Packed weight words ``[groups][rows][words]`` with zero words up to ``gemm_words``."""
+    return np.pad(words, ((0, 0), (0, 0), (0, geo.gemm_words - words.shape[-1])))
 
 
 def conv_gemm(geo: Geometry, config: Config, plan: x86_amx_gemm.AmxBlocking | None,
@@ -227,10 +271,9 @@ def conv_gemm(geo: Geometry, config: Config, plan: x86_amx_gemm.AmxBlocking | No
     bf16 = geo.inst.acc_dtype == "float32"
     if plan is not None:
         # an expanded geometry's pixels are its expanded planes (``phased`` is those here)
-        words, plane = ((geo.tile_words, geo.out_columns) if isinstance(geo, ExpandedGeometry)
-                        else (geo.words, geo.plane))
+        plane = geo.gemm_columns if isinstance(geo, ExpandedGeometry) else geo.plane
         operands = x86_amx_gemm.conv_operands("tdpbf16ps" if bf16 else "tdpbsud", weight, g,
-                                              phased, base, taps, words, plane)
+                                              phased, base, taps, geo.gemm_words, plane)
         return x86_amx_gemm.amx_nest(plan, operands, geo.inst.acc_dtype, finish,
                                      geo.wl.group_out, row_hint)
     nr = config["tile_n"][2]

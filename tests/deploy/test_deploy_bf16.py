@@ -69,7 +69,9 @@ def test_which_layers_bf16_casts(key: str, expected: str | None) -> None:
      "dense_bf16:M=128,N=768,K=768,data=f32,epilogue=bias+gelu"),
     ("dense:M=1,N=48,K=64", None),  # 48 columns: not whole 32-column blocks
     ("batch_matmul:B=12,M=128,N=128,K=64", None),  # no tile form: vdpbf16ps is slow there
-    ("conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3", None),  # a stem: 3 channels
+    ("conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3",  # a stem: expanded planes
+     "conv2d_bf16:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3"),
+    ("conv2d:N=1,C=8,H=56,W=56,K=64,R=1,S=1", None),  # 4 words: too few for a tile step
     ("conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1",  # on tiles, even over Winograd
      "conv2d_bf16:N=1,C=64,H=56,W=56,K=64,R=3,S=3,pad=1"),
     ("group_conv2d:N=1,C=64,H=14,W=14,K=64,R=3,S=3,pad=1,groups=2",

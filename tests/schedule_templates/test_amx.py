@@ -167,12 +167,32 @@ def test_expanded_planes_pad_the_words_to_whole_steps():
 
     geo = ExpandedGeometry(parse_workload(
         "conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3"), x86_dot_gemm.VNNI)
-    assert (geo.words, geo.tile_words) == (49, 64)
-    assert geo.out_columns == 112 * 112 and geo.out_in_place
-    assert geo.expanded_offsets().tolist() == [w * 112 * 112 for w in range(64)]
+    assert (geo.words, geo.gemm_words) == (49, 64)
+    assert geo.gemm_columns == 112 * 112 and geo.gemm_in_place
+    assert geo.gemm_offsets().tolist() == [w * 112 * 112 for w in range(64)]
     odd = ExpandedGeometry(parse_workload("conv2d_int8:N=1,C=5,H=9,W=9,K=8,R=3,S=3,pad=1"),
                            x86_dot_gemm.VNNI)
-    assert (odd.words, odd.tile_words, odd.out_columns, odd.out_in_place) == (18, 32, 96, False)
+    assert (odd.words, odd.gemm_words, odd.gemm_columns, odd.gemm_in_place) == (18, 32, 96,
+                                                                               False)
+    bf16 = ExpandedGeometry(parse_workload(
+        "conv2d_bf16:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3"), x86_dot_gemm.BF16)
+    assert (bf16.words, bf16.gemm_words) == (98, 112)  # two channels a word
+
+
+def test_bf16_stem_takes_expanded_planes_where_tiles_are(monkeypatch):
+    """``--precision bf16`` keeps a layer fp32 on an AMX host unless it runs on tiles; an RGB
+    stem now does, through expanded planes."""
+    from tuner_service.compiler.frontend import precision
+
+    stem = parse_workload("conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3,"
+                          "epilogue=bias+relu")
+    monkeypatch.setattr(precision, "host_amx", lambda dot="tdpbusd": True)
+    assert precision.at_precision(stem, "bf16").op == "conv2d_bf16"
+    monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
+    workload = precision.at_precision(stem, "bf16")
+    template = get_template(workload.op)
+    asm = _sapphire_rapids_asm(lower(workload, template, template.default_config(workload)))
+    assert asm.count("tdpbf16ps") >= 2 and "vdpbf16ps" not in asm
 
 
 def test_amx_blocking_tiles_the_padded_extents():

@@ -48,6 +48,10 @@ def test_shapes_follow_conv2d_and_groups_divide_the_channels():
     # a strided 1x1 reads one phase of four; groups
     "conv2d_bf16:N=1,C=8,H=10,W=10,K=24,R=1,S=1,stride=2",
     "conv2d_bf16:N=2,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4,epilogue=bias",
+    # fewer than 32 channels in one group: expanded planes on AMX (an RGB stem copied out; a
+    # map of whole 32-pixel blocks stored in place with its residual)
+    "conv2d_bf16:N=2,C=3,H=20,W=18,K=40,R=7,S=7,stride=2,pad=3,epilogue=bias+relu",
+    "conv2d_bf16:N=1,C=16,H=8,W=8,K=32,R=3,S=3,pad=1,epilogue=bias+residual",
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_default_config_matches_the_rounded_reference(key, threads):
@@ -144,3 +148,26 @@ def test_groups_split_between_threads(key, pk):
 def test_int8_groups_split_between_threads_stay_exact(key):
     out, ref, _ = run(key, threads=2)
     np.testing.assert_array_equal(out, ref)
+
+
+@needs_bf16
+def test_expanded_padding_planes_are_zeroed_not_read_stale():
+    """The planes that pad an expanded geometry's words meet zero weights; a NaN left there
+    (bits of a reused workspace) would still poison every sum, so the kernel zeroes them."""
+    from schedule_templates import runtime
+    from schedule_templates.templates import x86_amx_gemm
+
+    if not x86_amx_gemm.host_amx("tdpbf16ps"):
+        pytest.skip("this host (CPU or kernel) grants no AMX-BF16 tiles")
+    workload = parse_workload("conv2d_bf16:N=1,C=3,H=16,W=16,K=32,R=3,S=3,pad=1")
+    template = get_template(workload.op)
+    artifact = runtime.build(workload, template, template.default_config(workload))
+    inputs = workload.make_inputs(3)
+    prepared = artifact.prepare(inputs)
+    workspaces = prepared._args[len(artifact.kernel.params):]
+    assert workspaces  # the phase planes and the expanded planes
+    for workspace in workspaces:
+        workspace.view(np.uint8)[:] = 0xFF  # NaN bits everywhere
+    prepared.run()
+    np.testing.assert_allclose(prepared.output, workload.reference(inputs), rtol=1e-5,
+                               atol=1e-5)

@@ -18,10 +18,11 @@ is faster depends on the CPU (``schedule_templates/templates/x86_dense_bf16.py``
 
 On a host that grants AMX-BF16 tiles (Sapphire Rapids and later Xeons) a layer takes bf16 only
 where it runs on tiles: convolutions whose groups have whole steps of 32 channels (then even
-over fp32 Winograd: ResNet-50's 56x56 3x3 layer 1.04 -> 0.36 ms), denses of whole 32-column
-blocks. The rest keeps fp32, since these cores issue ``vdpbf16ps`` at half their FMAs' rate
-(ResNet-50's 3-channel stem took 5.1 ms as ``conv2d_bf16`` on it), and so do attention's
-``batch_matmul``s, which have no tile form yet.
+over fp32 Winograd: ResNet-50's 56x56 3x3 layer 1.04 -> 0.36 ms) or that take expanded planes
+(one group of fewer channels, an RGB stem: ResNet-50's 2.01 ms in fp32, 1.23 on tiles, 4.65 on
+``vdpbf16ps``), denses of whole 32-column blocks. The rest keeps fp32, since these cores issue
+``vdpbf16ps`` at half their FMAs' rate, and so do attention's ``batch_matmul``s, which have no
+tile form yet.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Sequence
 
 from schedule_templates.templates.choose import host_registers
 from schedule_templates.templates.x86_amx_gemm import BF16_TILE_CHANNELS, host_amx
+from schedule_templates.templates.x86_dot_gemm import BF16
+from schedule_templates.templates.x86_int8_phases import expands
 from schedule_templates.templates.x86_winograd import default_winograd
 from schedule_templates.workloads import (
     BatchMatmul,
@@ -72,14 +75,15 @@ def at_precision(workload: Workload, precision: str) -> Workload:
         return workload
     tiles = host_amx("tdpbf16ps")
     if isinstance(workload, Conv2d):
-        on_tiles = tiles and workload.C % BF16_TILE_CHANNELS == 0
+        fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
+        on_tiles = tiles and (workload.C % BF16_TILE_CHANNELS == 0
+                              or expands(Conv2dBf16(**fields), BF16.per_word))
         if tiles and not on_tiles:
             return workload  # vdpbf16ps: half the FMAs' rate on these Xeons
         if (default_winograd(workload, host_registers()) is not None
                 and workload.out_h * workload.out_w >= _BF16_WINOGRAD_MIN_PIXELS
                 and not on_tiles):
             return workload
-        fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(Conv2d)}
         return Conv2dBf16(**fields)
     if isinstance(workload, GroupConv2d):
         if tiles and (workload.C // workload.groups) % BF16_TILE_CHANNELS:
