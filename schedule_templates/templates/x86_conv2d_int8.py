@@ -72,16 +72,18 @@ from schedule_templates.templates.x86_dot_gemm import (
     partial_buffer,
     typed,
 )
-from schedule_templates.templates.x86_int8_phases import (
+from schedule_templates.templates.x86_expanded import (
     ExpandedGeometry,
+    expands,
+    gemm_pixels,
+    padded_words,
+)
+from schedule_templates.templates.x86_int8_phases import (
     Geometry,
     TileGeometry,
     conv_gemm,
     copy_out,
-    expands,
-    gemm_pixels,
     image_groups,
-    padded_words,
     phase_stage,
 )
 from schedule_templates.templates.x86_pixel_rows import (

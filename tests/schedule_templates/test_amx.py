@@ -163,7 +163,7 @@ def test_conv_int8_takes_tiles_for_whole_steps_or_expanded_planes(monkeypatch):
 
 
 def test_expanded_planes_pad_the_words_to_whole_steps():
-    from schedule_templates.templates.x86_int8_phases import ExpandedGeometry
+    from schedule_templates.templates.x86_expanded import ExpandedGeometry
 
     geo = ExpandedGeometry(parse_workload(
         "conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3"), x86_dot_gemm.VNNI)

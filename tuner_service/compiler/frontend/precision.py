@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from schedule_templates.templates.choose import host_registers
 from schedule_templates.templates.x86_amx_gemm import BF16_TILE_CHANNELS, host_amx
 from schedule_templates.templates.x86_dot_gemm import BF16
-from schedule_templates.templates.x86_int8_phases import expands
+from schedule_templates.templates.x86_expanded import expands
 from schedule_templates.templates.x86_winograd import default_winograd
 from schedule_templates.workloads import (
     BatchMatmul,
