@@ -143,16 +143,16 @@ class Conv2dBf16X86(Template):
                 return store(out[at], epilogue.apply(acc, k, at) if wl.epilogue else acc)
             return store(tiles[slot, m, q], acc)  # the epilogue runs on the copy (real pixels only)
 
-        expand, pixels, pixels_base = gemm_pixels(geo, frame)
-        nest = conv_gemm(geo, config, plan, weight, g, pixels, pixels_base, taps, finish,
-                         partial)
-        body: list[Stmt] = [prepare, *expand, nest]
+        px = gemm_pixels(geo, frame)  # columns from px.column0 on (a band of expanded planes)
+        nest = conv_gemm(geo, config, plan, weight, g, px.buffer, px.base, taps,
+                         lambda acc, m, q: finish(acc, m, px.column0 + q), partial)
+        body: list[Stmt] = [prepare, *px.bands([*px.stages, nest])]
         if not in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
                 return epilogue.apply(tile, k, (n, k, oh, ow)) if wl.epilogue else tile
 
             body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
-        workspaces = (phased, *((pixels,) if pixels is not phased else ()),
+        workspaces = (phased, *((px.buffer,) if px.buffer is not phased else ()),
                       *(() if in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_bf16_x86", params, workspaces, (frame.loop(*body),))

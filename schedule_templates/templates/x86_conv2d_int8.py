@@ -207,16 +207,18 @@ class Conv2dInt8X86(Template):
                 return [prefetch(fused.residual[n, g * kg + m, 0, q + RESIDUAL_AHEAD],
                                  RESIDUAL_LOCALITY)]
 
-        expand, pixels, pixels_base = gemm_pixels(geo, frame)
-        body: list[Stmt] = [prepare, *expand]
-        body.append(conv_gemm(geo, config, plan, weight, g, pixels, pixels_base, taps, finish,
-                              partial, row_hint))
+        px = gemm_pixels(geo, frame)  # columns from px.column0 on (a band of expanded planes)
+        banded_hint = (None if row_hint is None
+                       else lambda m, q: row_hint(m, px.column0 + q))
+        gemm = conv_gemm(geo, config, plan, weight, g, px.buffer, px.base, taps,
+                         lambda acc, m, q: finish(acc, m, px.column0 + q), partial, banded_hint)
+        body: list[Stmt] = [prepare, *px.bands([*px.stages, gemm])]
         if not in_place:
             def copied(tile: Expr, k: Expr, oh: Expr, ow: Expr) -> Expr:
                 return tile if fused is None else fused.expr(tile, fused.residual[n, k, oh, ow])
 
             body.append(copy_out(geo, lambda m, q: tiles[slot, m, q], out, n, g, copied))
-        workspaces = (phased, *((pixels,) if pixels is not phased else ()),
+        workspaces = (phased, *((px.buffer,) if px.buffer is not phased else ()),
                       *(() if in_place else (tiles,)),
                       *(() if partial is None else (partial,)))
         return Kernel("conv2d_int8_x86", params, workspaces, (frame.loop(*body),))

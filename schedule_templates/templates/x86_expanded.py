@@ -9,6 +9,7 @@ plane of its own after the phase stage (``expand_stage``), and the GEMM reads th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from schedule_templates.templates.x86_int8_phases import (
 from schedule_templates.templates.x86_int8_stages import vector_walk
 from schedule_templates.workloads import Conv2dBf16, Conv2dInt8
 
+#: bytes of expanded planes per band: half of a core's L2 on the Xeons with AMX (2 MB), so the
+#: GEMM reads them where the expansion wrote them
+BAND_BYTES = 1 << 19
 
 @dataclasses.dataclass(frozen=True)
 class ExpandedGeometry(TileGeometry):
@@ -37,13 +41,28 @@ class ExpandedGeometry(TileGeometry):
     integer times zero is zero; zeroed in bf16, where stale bits could be a NaN)."""
 
     @property
+    def band_rows(self) -> int:
+        """Output rows expanded and multiplied at a time: the most rows whose planes fit
+        ``BAND_BYTES`` (so the GEMM reads them from L2, not from memory), among those that
+        divide the map into whole 32-pixel blocks (stored in place); the whole map else."""
+        wl = self.wl
+        fits = [rows for rows in range(1, wl.out_h + 1)
+                if wl.out_h % rows == 0 and rows * wl.out_w % TILE_BLOCK_COLS == 0
+                and 4 * self.gemm_words * rows * wl.out_w <= BAND_BYTES]
+        return max(fits, default=wl.out_h)
+
+    @property
+    def bands(self) -> int:
+        return self.wl.out_h // self.band_rows
+
+    @property
     def gemm_columns(self) -> int:
-        pixels = self.wl.out_h * self.wl.out_w
+        pixels = self.band_rows * self.wl.out_w
         return -(-pixels // TILE_BLOCK_COLS) * TILE_BLOCK_COLS
 
     @property
     def gemm_in_place(self) -> bool:
-        return self.gemm_columns == self.wl.out_h * self.wl.out_w
+        return self.gemm_columns == self.band_rows * self.wl.out_w
 
     @property
     def gemm_plane(self) -> int:
@@ -74,22 +93,23 @@ def expands(wl: Conv2dInt8 | Conv2dBf16, per_word: int) -> bool:
 
 
 def expand_stage(geo: ExpandedGeometry, phased: Buffer, base: Expr, expanded: Buffer,
-                 expanded_base: Expr) -> list[Stmt]:
+                 expanded_base: Expr, band: Expr) -> list[Stmt]:
     """``expanded[w][oy * out_w + ox]`` = the word reduction word w reads for output pixel
-    (oy, ox): a row of its phase plane at the tap's offset, copied whole (contiguous words:
-    the phase stage has done the stride and the padding). Threaded over (word, output row).
-    The padding planes are zeroed for bf16."""
+    (band * band_rows + oy, ox): a row of its phase plane at the tap's offset, copied whole
+    (contiguous words: the phase stage has done the stride and the padding). Threaded over
+    (word, output row). The padding planes are zeroed for bf16."""
     wl = geo.wl
     sh, sw = wl.stride
     dh, dw = wl.dilation
     cws = geo.channel_words
-    i, rows_loop = loop("ex_i", geo.words * wl.out_h, LoopKind.PARALLEL)
-    w, oy = i // wl.out_h, i % wl.out_h
+    rows = geo.band_rows
+    i, rows_loop = loop("ex_i", geo.words * rows, LoopKind.PARALLEL)
+    w, oy = i // rows, i % rows
     tap, cw = w // cws, w % cws
     dy, dx = (tap // wl.S) * dh, (tap % wl.S) * dw
     phase = (dy % sh) * sw + dx % sw
     source = ((phase * cws + cw) * geo.plane + (dy // sh) * geo.phase_w + dx // sw
-              + oy * geo.phase_w)
+              + (band * rows + oy) * geo.phase_w)
     target = w * geo.gemm_columns + oy * wl.out_w
 
     def element(ox: Expr) -> Stmt:
@@ -105,16 +125,33 @@ def expand_stage(geo: ExpandedGeometry, phased: Buffer, base: Expr, expanded: Bu
     return stages
 
 
-def gemm_pixels(geo: Geometry, frame: ImageGroups) -> tuple[list[Stmt], Buffer, Expr]:
-    """What the GEMM reads its pixel tiles from: (the stages that make it after the phase
-    stage, the buffer, this iteration's start in it): the phase planes themselves, or an
-    expanded geometry's planes (a workspace of their own)."""
+@dataclasses.dataclass(frozen=True)
+class GemmPixels:
+    """Where the GEMM reads its pixel tiles: ``buffer`` from ``base`` (the phase planes, or
+    an expanded geometry's planes), made by ``stages`` after the phase stage; the GEMM's
+    column 0 is output pixel ``column0`` (a band's first), and ``bands`` wraps the stages and
+    the GEMM into the loop over bands (as they are where there is one)."""
+
+    stages: list[Stmt]
+    buffer: Buffer
+    base: Expr
+    column0: Expr
+    bands: Callable[[list[Stmt]], list[Stmt]]
+
+
+def gemm_pixels(geo: Geometry, frame: ImageGroups) -> GemmPixels:
     if not isinstance(geo, ExpandedGeometry):
-        return [], frame.phased, frame.base
+        return GemmPixels([], frame.phased, frame.base, Const(0), lambda body: body)
     size = geo.gemm_words * geo.gemm_columns
     expanded = Buffer("expanded", (frame.slots * size,), Scope.WORKSPACE, "int32")
     start = frame.slot * size
-    return expand_stage(geo, frame.phased, frame.base, expanded, start), expanded, start
+    if geo.bands == 1:
+        return GemmPixels(expand_stage(geo, frame.phased, frame.base, expanded, start,
+                                       Const(0)), expanded, start, Const(0), lambda body: body)
+    band, band_loop = loop("ex_band", geo.bands)
+    return GemmPixels(expand_stage(geo, frame.phased, frame.base, expanded, start, band),
+                      expanded, start, band * (geo.band_rows * geo.wl.out_w),
+                      lambda body: [band_loop(*body)])
 
 
 def padded_words(words: np.ndarray, geo: Geometry) -> np.ndarray:

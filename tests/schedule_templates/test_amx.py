@@ -26,7 +26,7 @@ from schedule_templates.ir.nodes import (
     store,
 )
 from schedule_templates.ir.printer import format_kernel
-from schedule_templates.runtime import host_module, lower
+from schedule_templates.runtime import build, host_module, lower
 from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
@@ -168,8 +168,10 @@ def test_expanded_planes_pad_the_words_to_whole_steps():
     geo = ExpandedGeometry(parse_workload(
         "conv2d_int8:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3"), x86_dot_gemm.VNNI)
     assert (geo.words, geo.gemm_words) == (49, 64)
-    assert geo.gemm_columns == 112 * 112 and geo.gemm_in_place
-    assert geo.gemm_offsets().tolist() == [w * 112 * 112 for w in range(64)]
+    # 3.2 MB of planes for the whole map: bands of 16 output rows (458 KB), in place
+    assert (geo.band_rows, geo.bands, geo.gemm_columns, geo.gemm_in_place) == (16, 7, 1792,
+                                                                              True)
+    assert geo.gemm_offsets().tolist() == [w * 1792 for w in range(64)]
     odd = ExpandedGeometry(parse_workload("conv2d_int8:N=1,C=5,H=9,W=9,K=8,R=3,S=3,pad=1"),
                            x86_dot_gemm.VNNI)
     assert (odd.words, odd.gemm_words, odd.gemm_columns, odd.gemm_in_place) == (18, 32, 96,
@@ -265,3 +267,37 @@ def test_tile_peak_loop_is_four_tile_products_a_step(dot):
         from schedule_templates.peak import measure_tile_peak_gops
 
         assert measure_tile_peak_gops(1, dot, repeat=1) > 0
+
+
+@pytest.mark.parametrize(("key", "threads"), [
+    ("conv2d_int8:N=2,C=3,H=16,W=16,K=32,R=3,S=3,pad=1,bias=s32,residual=u8", 1),
+    ("conv2d_int8:N=1,C=3,H=32,W=32,K=40,R=7,S=7,stride=2,pad=3,out=s8", 2),
+    ("conv2d_bf16:N=2,C=3,H=16,W=16,K=32,R=3,S=3,pad=1,epilogue=bias+residual+relu", 2),
+])
+def test_expanded_planes_in_bands_match_the_reference(monkeypatch, key, threads):
+    """With less room for planes than a map needs, the expansion and the GEMM run band by band
+    (rows that make whole 32-pixel blocks), each band's pixels stored in place."""
+    from schedule_templates.templates import x86_expanded
+    from schedule_templates.templates.x86_expanded import ExpandedGeometry
+
+    dot = "tdpbf16ps" if "bf16" in key else "tdpbsud"
+    if not x86_amx_gemm.host_amx(dot):
+        pytest.skip("this host (CPU or kernel) grants no AMX tile registers")
+    monkeypatch.setattr(x86_expanded, "BAND_BYTES", 8192)
+    workload = parse_workload(key)
+    inst = x86_dot_gemm.BF16 if "bf16" in key else x86_dot_gemm.VNNI
+    geo = ExpandedGeometry(workload, inst)
+    assert geo.bands > 1 and geo.gemm_in_place
+    template = get_template(workload.op)
+    artifact = build(workload, template, template.default_config(workload), threads=threads)
+    try:
+        inputs = workload.make_inputs(5)
+        prepared = artifact.prepare(inputs)
+        prepared.run()
+        if "bf16" in key:
+            np.testing.assert_allclose(prepared.output, workload.reference(inputs), rtol=1e-5,
+                                       atol=1e-5)
+        else:
+            np.testing.assert_array_equal(prepared.output, workload.reference(inputs))
+    finally:
+        artifact.close()
