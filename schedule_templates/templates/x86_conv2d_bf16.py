@@ -79,7 +79,10 @@ class Conv2dBf16X86(Template):
     name = "conv2d_bf16.x86"
     op = "conv2d_bf16"
     target_kind = "llvm"
-    version = 2
+    #: 3: on AMX hosts one group of fewer than 32 channels runs on tiles through expanded
+    #: planes (``x86_expanded``), with other arguments and workspaces than version 2's vector
+    #: kernel for the same config, so a library or a record of version 2 must not stand for it
+    version = 3
     fuses_epilogue = True
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None

@@ -109,7 +109,10 @@ class Conv2dInt8X86(Template):
     name = "conv2d_int8.x86"
     op = "conv2d_int8"
     target_kind = "llvm"
-    version = 2
+    #: 3: on AMX hosts one group of fewer than 64 channels runs on tiles through expanded
+    #: planes (``x86_expanded``), with other arguments and workspaces than version 2's vector
+    #: kernel for the same config, so a library or a record of version 2 must not stand for it
+    version = 3
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
