@@ -28,6 +28,8 @@ On hosts with AMX, a layer whose groups have a multiple of 64 input channels (on
 the signed weights as the tile rows and 16 pixels' channel words of one reduction step as a
 tile of the other operand (a phase plane apart), so the orientation and the output stage stay
 these; the columns are rounded to whole 32-pixel register blocks instead (``TileGeometry``).
+One group of fewer channels (an RGB stem) takes tiles too, through a plane per reduction word
+(``x86_expanded``, version 3).
 """
 
 from __future__ import annotations
@@ -269,7 +271,8 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
 
 def _geometry(wl: Conv2dInt8) -> Geometry:
     """AMX tiles where the host has them and a tile step (64 bytes: 64 channels) stays inside
-    one tap; the vector instruction of the host else."""
+    one tap, or expanded planes for one group of fewer channels (``x86_expanded``); the
+    vector instruction of the host else."""
     inst = x86_dot_gemm.int8_instruction()
     if inst is VNNI and not is_depthwise(wl) and x86_amx_gemm.host_amx("tdpbsud"):
         if wl.group_in % x86_amx_gemm.TILE_K == 0:
