@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.ir.nodes import (
     Buffer,
     Const,
@@ -191,6 +192,9 @@ class Conv2dInt8Cuda(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = as_workload(workload, Conv2dInt8)
+        if wl.channels_last:
+            raise InvalidWorkloadError(f"{self.name}: channels-last activations (nhwc) are "
+                                       "an x86 layout; the CUDA kernel reads and writes NCHW")
         rows, columns, words = _conv_gemm(wl)
         return gemm_space(wl.groups, rows, columns, words, device)
 

@@ -59,6 +59,7 @@ from schedule_templates.templates.requantize import (
     requantized,
     requantized_int,
 )
+from schedule_templates.templates.x86_channels_last import ChannelsLast
 from schedule_templates.templates.x86_depthwise_int8 import (
     depthwise_default,
     depthwise_kernel,
@@ -123,7 +124,7 @@ class Conv2dInt8X86(Template):
         if is_depthwise(wl):
             return depthwise_space(geo.columns)
         plain = dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
-        return with_pixel_rows(plain, wl.group_out, geo.columns)
+        return with_pixel_rows(plain, wl.group_out, geo.columns, only=wl.channels_last)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Conv2dInt8)
@@ -132,8 +133,12 @@ class Conv2dInt8X86(Template):
         if is_depthwise(wl):
             return depthwise_default(space, geo.columns)
         inst = x86_dot_gemm.int8_instruction()
-        plain = dot_default(space, wl.group_out, geo.columns, geo.reduction, inst)
-        return default_with_pixel_rows(space, plain, geo, inst)
+        # channels-last spaces hold pixel rows only: the channel-row default it turns into
+        # pixel rows comes from the plain space
+        rows_space = (dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
+                      if wl.channels_last else space)
+        plain = dot_default(rows_space, wl.group_out, geo.columns, geo.reduction, inst)
+        return default_with_pixel_rows(space, plain, geo, inst, forced=wl.channels_last)
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, Conv2dInt8)
@@ -149,7 +154,9 @@ class Conv2dInt8X86(Template):
         tile = None if plan is not None else pk_tile(config)
         pk = tile is not None
         width = tile[1] if tile is not None else 0
-        data = Buffer("data", (wl.N, wl.C, wl.H, wl.W), dtype="uint8")
+        nhwc_in = (ChannelsLast(wl, inst.per_word) if wl.in_layout == "nhwc" else None)
+        data = (nhwc_in.data_buffer() if nhwc_in is not None
+                else Buffer("data", (wl.N, wl.C, wl.H, wl.W), dtype="uint8"))
         if plan is not None:
             weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, words)
         elif pk:
@@ -162,7 +169,7 @@ class Conv2dInt8X86(Template):
         comp = Buffer("compensation", (wl.K,), dtype="int32")
         scale = Buffer("scale", (wl.K,) if wl.scale == "channel" else (1,))
         out_zp = Buffer("out_zero_point", (1,), dtype="int32")
-        fused = None if wl.residual == "none" else ResidualBuffers(wl.output_shape(),
+        fused = None if wl.residual == "none" else ResidualBuffers(wl.residual_shape(),
                                                                     wl.residual)
         out = Buffer("out", wl.output_shape(),
                      dtype=OUT_DTYPES[wl.out] if fused is None else fused.dtype)
@@ -177,23 +184,41 @@ class Conv2dInt8X86(Template):
             if fused is None:
                 return requantized(acc + comp[k], s, out_zp[0], wl.out)
             return fused.expr(requantized_int(acc + comp[k], s, out_zp[0], wl.out),
-                              fused.residual[n, k, at[0], at[1]])
+                              fused.residual[output_index(k, at, wl.residual_layout)])
+
+        def output_index(k: Expr, at: tuple[Expr, Expr], layout: str = wl.out_layout
+                         ) -> tuple[Expr, ...]:
+            """Output channel k's element at (row, column) of image n, in ``layout``."""
+            return (n, at[0], at[1], k) if layout == "nhwc" else (n, k, at[0], at[1])
 
         frame = image_groups(geo, config)
         tiles = Buffer("tiles", (frame.slots, kg, columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
         partial = None if plan is not None else partial_buffer(config, kg, geo.columns, inst)
 
         n, g, slot, phased, base = frame.n, frame.g, frame.slot, frame.phased, frame.base
-        prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base)
         if tile is not None:
             def finish_pixel(acc: Expr, j: Expr, at: tuple[Expr, Expr]) -> Stmt:
-                return store(out[n, g * kg + j, at[0], at[1]], output(acc, g * kg + j, at))
+                return store(out[output_index(g * kg + j, at)], output(acc, g * kg + j, at))
 
-            nest, partial = pixel_rows_nest(config, geo, inst, phased, taps, weight, g,
-                                            finish_pixel, base=base)
-            workspaces = (phased, *(() if partial is None else (partial,)))
+            stages: list[Stmt] = []
+            if nhwc_in is None:
+                source, pixel_at = phased, None
+                stages.append(phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base))
+            elif nhwc_in.staged:
+                source = nhwc_in.padded_buffer(frame.slots)
+                base = frame.slot * nhwc_in.map_words
+                pixel_at = nhwc_in.pixel_offset
+                stages.append(nhwc_in.pad_stage(data, data_zp[0], source, n, base))
+            else:  # the input's words as they lie
+                source, pixel_at = data, nhwc_in.pixel_offset
+                base = n * nhwc_in.image_words
+            nest, partial = pixel_rows_nest(config, geo, inst, source, taps, weight, g,
+                                            finish_pixel, base=base, pixel_at=pixel_at)
+            workspaces = tuple(b for b in (source, partial)
+                               if b is not None and b.scope is Scope.WORKSPACE)
             return Kernel("conv2d_int8_x86", params, workspaces,
-                          (frame.loop(prepare, nest),))
+                          (frame.loop(*stages, nest),))
+        prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base)
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
@@ -236,10 +261,11 @@ class Conv2dInt8X86(Template):
         data_zp = typed(inputs, "data_zero_point", np.uint8).astype(np.int32).reshape(1)
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
         args = {
-            "data": typed(inputs, "data", np.uint8),
+            "data": _packed_data(wl, geo, typed(inputs, "data", np.uint8)),
             **({"weight_taps": weight.reshape(wl.K, -1).astype(np.int32)} if is_depthwise(wl)
                else {"weight_packed": _pack_weights(wl, geo, weight, config),
-                     "tap_offsets": geo.gemm_offsets()}),
+                     "tap_offsets": (ChannelsLast(wl, geo.inst.per_word).tap_offsets()
+                                     if wl.in_layout == "nhwc" else geo.gemm_offsets())}),
             "data_zero_point": data_zp,
             "compensation": compensation(wl.bias, inputs, weight, int(data_zp[0])),
             "scale": scale,
@@ -269,12 +295,22 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
     return np.ascontiguousarray(words)
 
 
+def _packed_data(wl: Conv2dInt8, geo: Geometry, data: np.ndarray) -> np.ndarray:
+    """The u8 input as the kernel reads it: NCHW bytes, or a channels-last input's words
+    (its bytes where the kernel widens them: ``x86_channels_last``)."""
+    if wl.in_layout != "nhwc" or geo.inst.per_word != 4:
+        return data
+    return np.ascontiguousarray(data).reshape(-1).view(np.int32)
+
+
 def _geometry(wl: Conv2dInt8) -> Geometry:
     """AMX tiles where the host has them and a tile step (64 bytes: 64 channels) stays inside
     one tap, or expanded planes for one group of fewer channels (``x86_expanded``); the
-    vector instruction of the host else."""
+    vector instruction of the host else (and for channels-last layers, which run as pixel
+    rows: ``x86_channels_last``)."""
     inst = x86_dot_gemm.int8_instruction()
-    if inst is VNNI and not is_depthwise(wl) and x86_amx_gemm.host_amx("tdpbsud"):
+    if inst is VNNI and not is_depthwise(wl) and not wl.channels_last \
+            and x86_amx_gemm.host_amx("tdpbsud"):
         if wl.group_in % x86_amx_gemm.TILE_K == 0:
             return TileGeometry(wl, inst)
         if expands(wl, inst.per_word):

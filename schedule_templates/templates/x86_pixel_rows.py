@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from schedule_templates.ir.nodes import Buffer, Expr, Stmt, binop, cast
-from schedule_templates.space import ChoiceKnob, Config, ConfigSpace
+from schedule_templates.space import ChoiceKnob, Config, ConfigSpace, SplitKnob
 from schedule_templates.templates import x86_dot_gemm
 from schedule_templates.templates.choose import LANES
 from schedule_templates.templates.x86_dot_gemm import (
@@ -50,26 +50,37 @@ PK_MARGIN = 0.92
 StoreOutput = Callable[[Expr, Expr, tuple[Expr, Expr]], Stmt]
 
 
-def with_pixel_rows(plain: ConfigSpace, kg: int, columns: int) -> ConfigSpace:
+def with_pixel_rows(plain: ConfigSpace, kg: int, columns: int, only: bool = False
+                    ) -> ConfigSpace:
     """``plain`` (the channel-row space) with the ``pk_tile`` knob appended: its configs keep
-    their indices; a pixel-row config has one ``tile_m``/``tile_n`` value."""
+    their indices; a pixel-row config has one ``tile_m``/``tile_n`` value. ``only``: pixel
+    rows alone are valid (channels-last layers)."""
 
     def fits(cfg: Config) -> bool:
         tile = pk_tile(cfg)
         if tile is None:
-            return plain.constraint is not None and plain.constraint(cfg)
+            return not only and plain.constraint is not None and plain.constraint(cfg)
         return (kg % tile[1] == 0 and cfg["tile_m"] == (kg, 1, 1)
                 and cfg["tile_n"] == (columns // LANES, 1, LANES)
                 and cfg["tile_k"][2] <= x86_dot_gemm.MAX_KU)
 
-    return ConfigSpace((*plain.knobs, ChoiceKnob("pk_tile", PK_TILES, appended=True)),
+    if not only:
+        return ConfigSpace((*plain.knobs, ChoiceKnob("pk_tile", PK_TILES, appended=True)),
+                           constraint=fits)
+    # pixel rows alone: tile_m and tile_n offer little beyond their one pixel-row value, so
+    # that random samples of the space find valid configs
+    allowed = {"tile_m": (1, kg), "tile_n": (1, columns // LANES, LANES)}
+    knobs = tuple(SplitKnob(k.name, k.extent, k.parts, "candidates", allowed[k.name])
+                  if isinstance(k, SplitKnob) and k.name in allowed else k for k in plain.knobs)
+    return ConfigSpace((*knobs, ChoiceKnob("pk_tile", PK_TILES[1:], appended=True)),
                        constraint=fits)
 
 
 def default_with_pixel_rows(space: ConfigSpace, plain: Config, geo: Geometry,
-                            inst: DotInstruction) -> Config:
-    """``plain`` (the channel-row default), or its pixel-row twin where that wins."""
-    pk = pixel_rows_default(geo, inst)
+                            inst: DotInstruction, forced: bool = False) -> Config:
+    """``plain`` (the channel-row default), or its pixel-row twin where that wins (always
+    with ``forced``)."""
+    pk = pixel_rows_default(geo, inst, forced)
     if pk is None:
         return plain
     return space.from_entities({
@@ -78,14 +89,15 @@ def default_with_pixel_rows(space: ConfigSpace, plain: Config, geo: Geometry,
         "pk_tile": pk})
 
 
-def pixel_rows_default(geo: Geometry, inst: DotInstruction) -> str | None:
+def pixel_rows_default(geo: Geometry, inst: DotInstruction, forced: bool = False
+                       ) -> str | None:
     """The ``pk_tile`` where pixel rows beat channel rows, else None: the columns the default
     orientation computes against the pixels rounded up to whole tiles, each output paying its
     lane-by-lane store on top of its reduction words. Only for instructions with 32 registers
-    of accumulators (VNNI, BF16)."""
+    of accumulators (VNNI, BF16), unless ``forced`` (the tile alone is chosen)."""
     wl = geo.wl
     kg = wl.group_out
-    if inst.acc_vectors < x86_dot_gemm.ACC_REGISTERS or kg % LANES:
+    if (inst.acc_vectors < x86_dot_gemm.ACC_REGISTERS and not forced) or kg % LANES:
         return None
     pixels = wl.out_h * wl.out_w
     # at least PK_MIN_ROWS pixels per tile; among those computing at most 2% more rows than
@@ -95,12 +107,16 @@ def pixel_rows_default(geo: Geometry, inst: DotInstruction) -> str | None:
     # and 0.249 as 4 x 64; bf16 0.430-0.449 against 0.459-0.464 and 0.484-0.487)
     tiles = [(r, w) for r, w in map(pk_tile_of, PK_TILES[1:])
              if kg % w == 0 and r >= PK_MIN_ROWS]
+    # forced on a host of few accumulator registers: the tiles that fit them, if any
+    tiles = [(r, w) for r, w in tiles if r * w // LANES <= inst.acc_vectors] or tiles
     if not tiles:
         return None
     fewest = min(-(-pixels // r) * r for r, _ in tiles)
     near = [(r, w) for r, w in tiles if -(-pixels // r) * r <= 1.02 * fewest]
     rows, width = max(near, key=lambda rw: (rw[0] * rw[1], rw[1]))
     computed = -(-pixels // rows) * rows
+    if forced:
+        return f"{rows}x{width}"
     if computed * (geo.words + PK_STORE_WORDS) >= PK_MARGIN * geo.columns * geo.words:
         return None
     return f"{rows}x{width}"
@@ -108,9 +124,12 @@ def pixel_rows_default(geo: Geometry, inst: DotInstruction) -> str | None:
 
 def pixel_rows_nest(config: Config, geo: Geometry, inst: DotInstruction, phased: Buffer,
                     taps: Buffer, weight: Buffer, g: Expr, store_output: StoreOutput,
-                    base: Expr | int = 0) -> tuple[Stmt, Buffer | None]:
+                    base: Expr | int = 0, pixel_at: Callable[[Expr], Expr] | None = None
+                    ) -> tuple[Stmt, Buffer | None]:
     """The pixel-row GEMM of group ``g`` (weights ``[groups][kg/W][words][W]``, its phased
-    input at ``base``) and the partial-sum workspace it needs, if any."""
+    input at ``base``) and the partial-sum workspace it needs, if any. ``pixel_at``: where
+    output pixel q's words lie in ``phased`` (``x86_channels_last``; by default a phase
+    plane's column)."""
     wl = geo.wl
     tile = pk_tile(config)
     assert tile is not None
@@ -120,6 +139,8 @@ def pixel_rows_nest(config: Config, geo: Geometry, inst: DotInstruction, phased:
 
     def pixel(m: Expr) -> Expr:  # row m's column in a phase plane (last row repeated)
         q = binop("min", m, pixels - 1)
+        if pixel_at is not None:
+            return pixel_at(q)
         return (q // wl.out_w) * geo.phase_w + q % wl.out_w
 
     def finish(acc: Expr, m: Expr, j: Expr) -> Stmt:

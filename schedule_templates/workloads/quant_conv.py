@@ -36,6 +36,13 @@ other operand, of the type the field names, which is also the sum's) give
 ``residual_add = [ratio_a, ratio_b, constant]`` (fp32, computed by ``FusedAdd.of`` from the
 addition's scales and zero points). The bytes are those of the layer followed by the addition's
 own kernel. Not for ``out=f32`` or depthwise layers.
+
+``in_layout``, ``out_layout`` and ``residual_layout`` in ``nchw|nhwc`` (default nchw) give the
+activations' layouts: ``nhwc`` holds a pixel's channels side by side (``data`` [N,H,W,C], the
+output or the residual [N,OH,OW,K]), so a layer whose register holds 16 output channels of one pixel
+stores it whole and a 1x1 layer reads its input as it lies (``frontend.quantized_layout``
+keeps activations channels-last between int8 layers). Only for one group with ``K`` a
+multiple of 16, and ``C`` of 4 for a channels-last input.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ from schedule_templates.workloads.lowp import (
     requantize,
 )
 
+#: the activation layouts a ``conv2d_int8`` reads and writes
+LAYOUTS = ("nchw", "nhwc")
 #: the fused shortcut addition's inputs (``residual``)
 RESIDUAL_INPUTS = ("residual", "residual_add")
 
@@ -76,6 +85,9 @@ class Conv2dInt8(_Grouped):
     scale: str = "channel"
     bias: str = "none"
     residual: str = "none"
+    in_layout: str = "nchw"
+    out_layout: str = "nchw"
+    residual_layout: str = "nchw"
 
     op: ClassVar[str] = "conv2d_int8"
     params: ClassVar[dict[str, tuple[str, Any]]] = {
@@ -85,9 +97,15 @@ class Conv2dInt8(_Grouped):
         "groups": ("int", 1),
         **QUANT_PARAMS,
         "residual": ("choice", "none"),
+        "in_layout": ("choice", "nchw"),
+        "out_layout": ("choice", "nchw"),
+        "residual_layout": ("choice", "nchw"),
     }
     choices: ClassVar[dict[str, tuple[str, ...]]] = {**QUANT_CHOICES,
-                                                     "residual": ("none", "u8", "s8")}
+                                                     "residual": ("none", "u8", "s8"),
+                                                     "in_layout": LAYOUTS,
+                                                     "out_layout": LAYOUTS,
+                                                     "residual_layout": LAYOUTS}
     constant_inputs: ClassVar[tuple[str, ...]] = (*QUANT_CONSTANTS, "residual_add")
     examples: ClassVar[tuple[str, ...]] = (
         "conv2d_int8:N=1,C=8,H=7,W=9,K=16,R=3,S=3,pad=1",
@@ -97,6 +115,12 @@ class Conv2dInt8(_Grouped):
         "conv2d_int8:N=1,C=8,H=8,W=6,K=12,R=3,S=2,stride=2x1,pad=0x1x1x0,groups=4",
         "conv2d_int8:N=1,C=8,H=6,W=7,K=24,R=1,S=1,bias=s32,residual=s8",
         "conv2d_int8:N=1,C=6,H=9,W=8,K=16,R=3,S=3,stride=2,pad=1,out=s8,residual=u8",
+        "conv2d_int8:N=1,C=8,H=7,W=9,K=32,R=3,S=3,pad=1,bias=s32,in_layout=nhwc,"
+        "out_layout=nhwc",
+        "conv2d_int8:N=1,C=12,H=6,W=5,K=16,R=1,S=1,stride=2,residual=u8,out_layout=nhwc,"
+        "residual_layout=nhwc",
+        "conv2d_int8:N=1,C=16,H=5,W=6,K=32,R=1,S=1,residual=s8,out=s8,in_layout=nhwc,"
+        "residual_layout=nhwc",
     )
 
     def validate(self) -> None:
@@ -106,47 +130,93 @@ class Conv2dInt8(_Grouped):
                                                                 and self.groups > 1)):
             raise InvalidWorkloadError("conv2d_int8: a fused residual addition (residual=...) "
                                        "needs an 8-bit output and a non-depthwise layer")
+        if self.residual_layout == "nhwc" and self.residual == "none":
+            raise InvalidWorkloadError("conv2d_int8: residual_layout=nhwc needs a fused "
+                                       "residual addition (residual=u8|s8)")
+        if self.channels_last and (self.groups != 1 or self.K % 16):
+            raise InvalidWorkloadError("conv2d_int8: channels-last activations (a layout "
+                                       "nhwc) need one group and K a multiple of 16")
+        if self.in_layout == "nhwc" and self.C % 4:
+            raise InvalidWorkloadError("conv2d_int8: a channels-last input (in_layout=nhwc) "
+                                       "needs C a multiple of 4 (whole words of channels)")
+
+    @property
+    def channels_last(self) -> bool:
+        """Whether any activation is channels-last (``nhwc``)."""
+        return "nhwc" in (self.in_layout, self.out_layout, self.residual_layout)
+
+    def residual_shape(self) -> Shape:
+        if self.residual_layout == "nhwc":
+            return (self.N, self.out_h, self.out_w, self.K)
+        return (self.N, self.K, self.out_h, self.out_w)
+
+    def output_shape(self) -> Shape:
+        if self.out_layout == "nhwc":
+            return (self.N, self.out_h, self.out_w, self.K)
+        return super().output_shape()
 
     def base_workload(self) -> Workload:
         """The convolution without the fused addition: the same search space and operations
         (the addition changes only the output stage), so the same records serve both."""
-        return self if self.residual == "none" else dataclasses.replace(self, residual="none")
+        return self if self.residual == "none" else dataclasses.replace(
+            self, residual="none", residual_layout="nchw")
 
     def input_shapes(self) -> dict[str, Shape]:
-        shapes = quantized_shapes((self.N, self.C, self.H, self.W),
+        data = ((self.N, self.H, self.W, self.C) if self.in_layout == "nhwc"
+                else (self.N, self.C, self.H, self.W))
+        shapes = quantized_shapes(data,
                                   (self.K, self.group_in, self.R, self.S), self.K, self.scale,
                                   self.bias, self.out)
         if self.residual != "none":
-            shapes.update(residual=self.output_shape(), residual_add=(3,))
+            shapes.update(residual=self.residual_shape(), residual_add=(3,))
         return shapes
 
     def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """The exact int32 accumulators, bias included (fp64 sums of integers far below
-        2**53 are exact)."""
+        2**53 are exact), in the output's layout."""
         zp = float(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
-        centered = np.asarray(inputs["data"], dtype=np.float64) - zp  # padding adds 0
+        data = np.asarray(inputs["data"], dtype=np.float64).reshape(self.input_shapes()["data"])
+        if self.in_layout == "nhwc":
+            data = data.transpose(0, 3, 1, 2)
+        centered = data - zp  # padding adds 0
         total = self._grouped_sum(centered, np.asarray(inputs["weight"], dtype=np.float64))
         if self.bias == "s32":
             total = total + np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.K, 1)
-        return total.reshape(self.output_shape()).astype(np.int32)
+        acc = total.reshape(self.N, self.K, self.out_h, self.out_w)
+        if self.out_layout == "nhwc":
+            acc = acc.transpose(0, 2, 3, 1)
+        return np.ascontiguousarray(acc).astype(np.int32)
+
+    def channel_shape(self) -> Shape:
+        """The shape a per-output-channel vector broadcasts against the output with."""
+        return (1, 1, 1, -1) if self.out_layout == "nhwc" else (1, -1, 1, 1)
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         zp = inputs.get("out_zero_point")
         zero_point = None if zp is None else int(np.asarray(zp).reshape(-1)[0])
-        scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(1, -1, 1, 1)
+        scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(self.channel_shape())
         result = requantize(self.accumulate(inputs), scale, zero_point, self.out)
-        return result if self.residual == "none" else residual_added(result, inputs,
-                                                                     self.residual)
+        return result if self.residual == "none" else self.shortcut_added(result, inputs)
+
+    def shortcut_added(self, result: np.ndarray, inputs: Mapping[str, np.ndarray]
+                       ) -> np.ndarray:
+        """The fused shortcut addition after the 8-bit output ``result`` (output layout),
+        the shortcut read in its own layout."""
+        shortcut = np.asarray(inputs["residual"]).reshape(self.residual_shape())
+        if self.residual_layout != self.out_layout:
+            shortcut = shortcut.transpose((0, 2, 3, 1) if self.out_layout == "nhwc"
+                                          else (0, 3, 1, 2))
+        return residual_added(result, {**inputs, "residual": shortcut}, self.residual)
 
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        inputs = quantized_inputs(gen, (self.N, self.C, self.H, self.W),
+        inputs = quantized_inputs(gen, self.input_shapes()["data"],
                                   (self.K, self.group_in, self.R, self.S),
                                   self.group_in * self.R * self.S, self.K, self.scale,
                                   self.bias, self.out)
         if self.residual != "none":  # a shortcut of its own scale, some sums saturating
             lo, hi = QUANT_RANGES[self.residual]
-            inputs["residual"] = gen.integers(lo, hi + 1, size=self.output_shape()
+            inputs["residual"] = gen.integers(lo, hi + 1, size=self.residual_shape()
                                               ).astype(QUANT_NUMPY[self.residual])
             zp_a = int(np.asarray(inputs["out_zero_point"]).reshape(-1)[0])
             zp_b, zp_y = (128, 120) if self.residual == "u8" else (0, -5)
@@ -162,6 +232,9 @@ class Conv2dInt8(_Grouped):
         bias = ", int32 bias" if self.bias == "s32" else ""
         added = (f", then a {self.residual} shortcut addition" if self.residual != "none"
                  else "")
+        if self.channels_last:
+            added += (f", {self.in_layout} -> {self.out_layout} (shortcut "
+                      f"{self.residual_layout})")
         return (f"int8 {kind}conv2d {self.C}->{self.K} channels, {self.H}x{self.W} input, "
                 f"{self._geometry()}" + (f", batch {self.N}" if self.N != 1 else "")
                 + f" (u8 x s8 -> s32{bias}, {self.scale} scale, {self.out} out{added})")

@@ -119,9 +119,12 @@ def _copy_build(source: Path, out_dir: Path, manifest: dict[str, Any]) -> dict[s
 
 
 def _blocks_anything(manifest: dict[str, Any]) -> bool:
-    """Whether a blocked build runs any kernel on blocked activations."""
+    """Whether a blocked build runs any kernel on blocked (or channels-last int8)
+    activations."""
     return any(str(kernel.get("workload", "")).split(":", 1)[0].endswith("_nchwc")
-               for kernel in manifest.get("kernels", []))
+               for kernel in manifest.get("kernels", [])) or any(
+        "layout=nhwc" in str(kernel.get("workload", ""))
+        for kernel in manifest.get("int8_kernels", []))
 
 
 def _time_libraries(model: ModelInput, dirs: dict[str, Path],

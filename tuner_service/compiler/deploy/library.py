@@ -55,7 +55,12 @@ from tuner_service.compiler.deploy.int8_step import (
     int8_kernel_specs,
     int8_symbols,
 )
-from tuner_service.compiler.deploy.layout import apply_layout, check_layout, layout_entry
+from tuner_service.compiler.deploy.layout import (
+    apply_layout,
+    check_layout,
+    int8_channels_last,
+    layout_entry,
+)
 from tuner_service.compiler.deploy.native_build import RUNTIME_LIBS, compile_runtime
 from tuner_service.compiler.frontend.fusion import Layer, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
@@ -122,7 +127,8 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     threads = default_threads(threads, tuned_threads)
     proto = load_model(model, input_shapes)
     layers = apply_precision(plan_layers(proto), precision)
-    entry = layout_entry(layout, plain=plain_layers)
+    entry = layout_entry(layout, plain=plain_layers,
+                         int8=layout != "nchw" and int8_channels_last(proto))
     layers, glayers = apply_layout(proto, layers, plan_generated(proto, layers) if generated
                                    else [], entry)
     kernels: dict[tuple[str, str, int], KernelSpec] = {}

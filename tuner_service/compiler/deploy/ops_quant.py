@@ -21,7 +21,7 @@ import onnx
 from schedule_templates.quant_add import FusedAdd
 from schedule_templates.workloads import parse_workload
 from schedule_templates.workloads.lowp import add_requantized, requantize
-from schedule_templates.workloads.quant_conv import residual_added
+from schedule_templates.workloads.quant_conv import Conv2dInt8, residual_added
 from tuner_service.compiler.deploy.node import Array, NodeInfo, OpFn, optional, required
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
@@ -247,7 +247,8 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
     workload = parse_workload(str(node.get("workload")))
     named = int8_layer_inputs(workload, inputs)
     acc = workload.accumulate(named)  # type: ignore[attr-defined]  # bias included
-    channels = (1, -1, 1, 1) if acc.ndim == 4 else (-1,)
+    channels = ((-1,) if acc.ndim != 4 else workload.channel_shape()
+                if isinstance(workload, Conv2dInt8) else (1, -1, 1, 1))
     scale = np.asarray(named["scale"], np.float32).reshape(channels)
     zp = named.get("out_zero_point")
     out = str(getattr(workload, "out", "u8"))
@@ -260,7 +261,8 @@ def _int8_layer(inputs: Sequence[Array | None], node: NodeInfo) -> list[Array]:
         result = add_requantized(result, named, added)
     shortcut = str(getattr(workload, "residual", "none"))
     if shortcut != "none":  # a shortcut addition fused into the layer (``quantized_residual``)
-        result = residual_added(result, named, shortcut)
+        result = (workload.shortcut_added(result, named) if isinstance(workload, Conv2dInt8)
+                  else residual_added(result, named, shortcut))
     return [result.reshape(tuple(node.get("shape")))]
 
 
