@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from schedule_templates.workloads import parse_workload
 from tests.frontend.quantized_models import feeds, quantized
 from tuner_service.compiler.deploy import library
 from tuner_service.compiler.deploy.configs import ConfigBook
@@ -21,6 +22,8 @@ from tuner_service.compiler.deploy.int8_step import Int8KernelStep
 from tuner_service.compiler.deploy.layout_choice import _blocks_anything
 from tuner_service.compiler.deploy.library import MANIFEST_FILE, build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
+from tuner_service.compiler.frontend.extract import extract_tasks
+from tuner_service.compiler.frontend.layout_plans import plan_indices
 from tuner_service.compiler.frontend.loading import load_model
 from tuner_service.compiler.frontend.quantized_layout import plan_channels_last
 from tuner_service.compiler.frontend.quantized_ops import int8_layer_workload
@@ -115,3 +118,26 @@ def test_a_channels_last_library_loaded_without_the_plan_is_refused(tmp_path: Pa
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(LibraryError, match="rebuild"):
         ModelRunner(path, KernelLibrary(tmp_path / "lib"))
+
+
+def test_tasks_of_a_blocked_plan_carry_the_int8_layouts(tmp_path: Path) -> None:
+    """``tuner tune --layout nchwc`` tunes the channels-last workloads the build runs; ``auto``
+    both plans' (each int8 convolution and its channels-last twin), which an estimate counts
+    as two plans, not one sum."""
+    path = quantized(tmp_path, "qdq", residual=True)
+    plain = [t.workload.key for t in extract_tasks(path).tasks]
+    laid = [t.workload.key for t in extract_tasks(path, layout="nchwc", block=16).tasks]
+    both = [t.workload.key for t in extract_tasks(path, layout="auto", block=16).tasks]
+    assert not any("layout=nhwc" in key for key in plain)
+    convs = [key for key in laid if key.startswith("conv2d_int8")]
+    assert len(convs) == 3 and all("layout=nhwc" in key for key in convs)
+    assert set(both) == set(plain) | set(laid)
+    plans = plan_indices(both)
+    assert len(plans) == 2
+    assert {both[i] for i in plans[0]} == set(plain)
+    assert {both[i] for i in plans[1]} == set(laid)
+    workloads = {key: parse_workload(key) for key in laid}
+    built = build_library(path, ConfigBook(), tmp_path / "lib", layout="nchwc")
+    assert {k["workload"] for k in built["int8_kernels"] if "workload" in k
+            and k["workload"].startswith("conv2d_int8")} == {
+        key for key, w in workloads.items() if w.op == "conv2d_int8"}

@@ -12,7 +12,8 @@ A library built with blocked activations (``tuner build --layout nchwc``) runs i
 layers as other workloads (``conv2d_nchwc``, ``depthwise_conv2d_nchwc``, with the block of the
 machine that runs it); ``layout`` gives the tasks of that plan (``nchwc``) or of both plans
 (``auto``, what ``tuner build --layout auto`` builds and compares), so each plan finds tuned
-records of the kernels it runs.
+records of the kernels it runs. The blocked plan also keeps int8 activations channels-last
+between int8 convolutions (``quantized_layout``): its int8 tasks carry the layouts.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from tuner_service.compiler.frontend.external import DataFiles
 from tuner_service.compiler.frontend.fusion import fused_workloads
 from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
 from tuner_service.compiler.frontend.layout import LAYOUTS, blocked_workload
+from tuner_service.compiler.frontend.layout_plans import is_blocked as blocked_key
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.matmul import map_gemm, map_matmul
 from tuner_service.compiler.frontend.precision import at_precision, check_precision
+from tuner_service.compiler.frontend.quantized_layout import plan_channels_last
 from tuner_service.compiler.frontend.quantized_ops import (
     INT8_DOMAIN,
     int8_layer_workload,
@@ -137,6 +140,7 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
     found: dict[str, dict[str, tuple[Workload, list[str]]]] = {}
     unsupported: list[Unsupported] = []
     rejected = 0
+    laid = _channels_last(proto) if layout != "nchw" else None
     for index, node in enumerate(proto.graph.node):
         name = node.name or f"{node.op_type}_{index}"
         outcome = _map_node(node, name, graph)
@@ -145,8 +149,9 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
             rejected += outcome.reason.startswith(_INVALID_PREFIX)
         elif outcome is not None:
             outcome = at_precision(fused.get(index, outcome), precision)
-            variants = found.setdefault(outcome.base_key, {})
-            variants.setdefault(outcome.key, (outcome, []))[1].append(name)
+            for workload in _in_layouts(outcome, laid, index, layout):
+                variants = found.setdefault(workload.base_key, {})
+                variants.setdefault(workload.key, (workload, []))[1].append(name)
     unsupported.extend(_nested_unsupported(proto.graph))
     if rejected and not found and rejected == len(unsupported):
         raise ModelError(f"every tunable layer has impossible dimensions: {unsupported[0].reason}")
@@ -154,6 +159,28 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
                             layout, block or 0)
     logger.debug("extracted %d tasks, %d unsupported nodes", len(tasks), len(unsupported))
     return ExtractionResult(tasks=tasks, unsupported=unsupported, layout=layout)
+
+
+def _channels_last(proto: onnx.ModelProto) -> onnx.GraphProto:
+    """The graph as a blocked plan runs its int8 layers: channels-last activations between
+    int8 convolutions (``quantized_layout``; the build plans it on hosts with VNNI and no AMX,
+    so the tasks are those such workers tune)."""
+    laid = onnx.ModelProto()
+    laid.CopyFrom(proto)
+    plan_channels_last(laid)
+    return laid.graph
+
+
+def _in_layouts(workload: Workload, laid: onnx.GraphProto | None, index: int, layout: str
+                ) -> list[Workload]:
+    """The tasks of node ``index`` in ``layout``: its int8 layer as the plain plan runs it,
+    as the blocked one does (``nchwc``), or both (``auto``)."""
+    if laid is None or laid.node[index].domain != INT8_DOMAIN:
+        return [workload]
+    twin = int8_layer_workload(laid.node[index])
+    if twin == workload:
+        return [workload]
+    return [twin] if layout == "nchwc" else [workload, twin]
 
 
 def check_task_layout(layout: str, block: int | None) -> None:
@@ -185,8 +212,8 @@ def tasks_in_layout(tasks: list[ExtractedTask], layout: str, block: int) -> list
 
 
 def is_blocked(workload: Workload) -> bool:
-    """Whether ``workload`` is an operator on blocked activations."""
-    return workload.op.endswith("_nchwc")
+    """Whether ``workload`` is an operator on blocked (or channels-last int8) activations."""
+    return blocked_key(workload.key)
 
 
 def _blocked_task(task: ExtractedTask, block: int) -> ExtractedTask | None:

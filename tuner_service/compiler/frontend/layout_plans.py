@@ -3,9 +3,10 @@ layer once.
 
 A job tuned for ``--layout auto`` holds both layouts' tasks: each plain conv task and, after
 it, its blocked twin (``frontend.extract``: the same key with ``_nchwc`` on the operator, a
-``block`` parameter and, for an RGB stem, ``in_layout=nchw``). A library runs one of the two
-plans, never both, so an estimate is the faster plan's weighted sum, not the sum over every
-task.
+``block`` parameter and, for an RGB stem, ``in_layout=nchw``; an int8 convolution's twin has
+channels-last layouts instead, ``in_layout``/``out_layout``/``residual_layout=nhwc``). A
+library runs one of the two plans, never both, so an estimate is the faster plan's weighted
+sum, not the sum over every task.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ def plan_indices(keys: Sequence[str]) -> list[list[int]]:
 
 
 def is_blocked(key: str) -> bool:
-    return key.split(":", 1)[0].endswith("_nchwc")
+    """Whether ``key`` is a task of the blocked plan only: a blocked operator, or an int8
+    convolution on channels-last activations (``quantized_layout``)."""
+    op, _, body = key.partition(":")
+    return op.endswith("_nchwc") or (op == "conv2d_int8" and "layout=nhwc" in body)
 
 
-#: parameters a blocked twin adds to its plain task's key (``layout.blocked_workload``)
-_BLOCKED_PARAMS = ("block=", "in_layout=")
+#: parameters a blocked twin adds to its plain task's key (``layout.blocked_workload``, and an
+#: int8 convolution's ``quantized_layout``)
+_BLOCKED_PARAMS = ("block=", "in_layout=", "out_layout=", "residual_layout=")
 
 
 def plain_key(key: str) -> str:
