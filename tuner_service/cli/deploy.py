@@ -135,13 +135,25 @@ def run_build(args: argparse.Namespace) -> int:
         print(f"built {summary['library']}: {summary['layers']} layers, {summary['kernels']} "
               f"kernels ({summary['tuned']} tuned, {summary['default']} default configs), "
               f"{summary['generated_layers']} generated layers ({summary['generated_kernels']} "
-              f"kernels), {summary['threads']} thread(s) by default"
+              f"kernels), "
+              + (f"{summary['int8_layers']} int8 layers ({summary['int8_tuned']} of their "
+                 f"kernels tuned), " if summary["int8_layers"] else "")
+              + f"layout {_layout_text(summary['layout'])}, "
+              f"{summary['threads']} thread(s) by default"
               + (f" (configs tuned at {tuned_at})" if tuned_at else ""))
         if standalone is not None:
             print(f"standalone program: {standalone['program']} ({standalone['records']} "
                   f"records), weights {standalone['weights']}, activation arena "
                   f"{standalone['memory']['arena_bytes']} bytes")
     return 0
+
+
+def _layout_text(layout: dict[str, Any]) -> str:
+    """``nchw``, ``nchw16c`` or ``nchw16c + int8 nhwc``."""
+    if layout.get("mode", "nchw") == "nchw":
+        return "nchw"
+    text = f"nchw{layout.get('block', '')}c"
+    return text + (f" + int8 {layout['int8']}" if layout.get("int8") else "")
 
 
 def _standalone(data: bytes, args: argparse.Namespace) -> dict[str, Any]:
@@ -179,6 +191,8 @@ def _config_book(args: argparse.Namespace) -> Any:
 
 def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
     kernels = manifest["kernels"]
+    # the int8 kernels of quantized layers (the others in that list are their glue)
+    int8_layers = [k for k in manifest.get("int8_kernels", []) if "workload" in k]
     return {
         "library": str(out / manifest["library"]),
         "manifest": str(out / "manifest.json"),
@@ -189,6 +203,9 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "generated_layers": len(manifest.get("generated_layers", [])),
         "generated_kernels": len(manifest.get("generated", [])),
         "int8_kernels": len(manifest.get("int8_kernels", [])),
+        "int8_layers": sum(len(k.get("layers", [])) for k in int8_layers),
+        "int8_tuned": sum(k.get("config_source") == "tuned" for k in int8_layers),
+        "layout": manifest.get("layout", {"mode": "nchw"}),
         "precision": manifest.get("precision", "fp32"),
         "bf16_layers": sum(str(layer["workload"]).split(":")[0].endswith("_bf16")
                            for layer in manifest["layers"]),
