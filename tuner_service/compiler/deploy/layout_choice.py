@@ -93,8 +93,10 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
 
 
 def tuned_kernels(manifest: dict[str, Any]) -> int:
-    """How many kernels of a build run a tuned config (the rest their template default)."""
-    return sum(kernel.get("config_source") == "tuned" for kernel in manifest.get("kernels", []))
+    """How many kernels of a build run a tuned config (the rest their template default), its
+    int8 layers' kernels included."""
+    return sum(kernel.get("config_source") == "tuned"
+               for kernel in [*manifest.get("kernels", []), *manifest.get("int8_kernels", [])])
 
 
 def _warn_fewer_tuned(chosen: str, tuned: dict[str, int],
