@@ -30,6 +30,8 @@ KEYS = [
     "conv2d_int8:N=1,C=16,H=5,W=6,K=32,R=3,S=3,pad=1,residual=u8,out_layout=nhwc",
     "conv2d_int8:N=2,C=8,H=7,W=7,K=48,R=1,S=1,bias=s32,residual=u8,in_layout=nhwc,"
     "out_layout=nhwc,residual_layout=nhwc",
+    # four images: the threads split them, each padding its own image's map
+    "conv2d_int8:N=4,C=8,H=5,W=6,K=16,R=3,S=3,pad=1,in_layout=nhwc,out_layout=nhwc",
 ]
 
 
