@@ -6,6 +6,8 @@ an int8 layout the runner does not know refused with a clear error."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 
 from schedule_templates.workloads import parse_workload
 from tests.frontend.quantized_models import feeds, quantized
+from tuner_service.cli.main import main
 from tuner_service.compiler.deploy import library
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
@@ -28,6 +31,7 @@ from tuner_service.compiler.frontend.loading import load_model
 from tuner_service.compiler.frontend.quantized_layout import plan_channels_last
 from tuner_service.compiler.frontend.quantized_ops import int8_layer_workload
 
+ROOT = Path(__file__).resolve().parents[2]
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
 
@@ -141,3 +145,28 @@ def test_tasks_of_a_blocked_plan_carry_the_int8_layouts(tmp_path: Path) -> None:
     assert {k["workload"] for k in built["int8_kernels"] if "workload" in k
             and k["workload"].startswith("conv2d_int8")} == {
         key for key, w in workloads.items() if w.op == "conv2d_int8"}
+
+
+def test_the_c_example_runs_a_channels_last_library(tmp_path: Path) -> None:
+    """The standalone program of a channels-last build (``tuner build --standalone``) gives
+    the Python runner's bytes from C."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    binary = tmp_path / "run_model"
+    subprocess.run([compiler, "-O2", "-o", str(binary), str(ROOT / "examples/run_model.c"),
+                    "-ldl"], check=True, capture_output=True)
+    path = quantized(tmp_path, "qdq", residual=True)
+    out = tmp_path / "lib"
+    assert main(["build", str(path), "-o", str(out), "--layout", "nchwc", "--standalone"]) == 0
+    runner = ModelRunner(path, KernelLibrary(out), 1)
+    assert any("in_layout=nhwc" in s.kernel.workload.key for s in runner.steps
+               if isinstance(s, Int8KernelStep))
+    x = feeds(4)
+    (tmp_path / "in.bin").write_bytes(np.ascontiguousarray(x["x"], np.float32).tobytes())
+    done = subprocess.run([str(binary), str(out), "-i", str(tmp_path / "in.bin"), "-o",
+                           str(tmp_path / "out.bin"), "-n", "2"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = np.fromfile(tmp_path / "out.bin", dtype=np.float32)
+    np.testing.assert_array_equal(got, runner.run(x)["y"].reshape(-1))
