@@ -6,6 +6,8 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import shutil
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,3 +82,16 @@ def run_model(tmp_path: Path) -> RunModel:
         return runner.run(feeds), onnxruntime_outputs(model, feeds)
 
     return run
+
+
+@pytest.fixture
+def example(tmp_path: Path) -> Path:
+    """``examples/run_model.c`` built with the host's C compiler (skipped without one)."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    binary = tmp_path / "run_model"
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([compiler, "-O2", "-o", str(binary), str(root / "examples/run_model.c"),
+                    "-ldl"], check=True, capture_output=True)
+    return binary

@@ -6,7 +6,6 @@ an int8 layout the runner does not know refused with a clear error."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from tuner_service.compiler.frontend.loading import load_model
 from tuner_service.compiler.frontend.quantized_layout import plan_channels_last
 from tuner_service.compiler.frontend.quantized_ops import int8_layer_workload
 
-ROOT = Path(__file__).resolve().parents[2]
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
 
@@ -147,15 +145,9 @@ def test_tasks_of_a_blocked_plan_carry_the_int8_layouts(tmp_path: Path) -> None:
         key for key, w in workloads.items() if w.op == "conv2d_int8"}
 
 
-def test_the_c_example_runs_a_channels_last_library(tmp_path: Path) -> None:
+def test_the_c_example_runs_a_channels_last_library(tmp_path: Path, example: Path) -> None:
     """The standalone program of a channels-last build (``tuner build --standalone``) gives
     the Python runner's bytes from C."""
-    compiler = shutil.which("cc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    binary = tmp_path / "run_model"
-    subprocess.run([compiler, "-O2", "-o", str(binary), str(ROOT / "examples/run_model.c"),
-                    "-ldl"], check=True, capture_output=True)
     path = quantized(tmp_path, "qdq", residual=True)
     out = tmp_path / "lib"
     assert main(["build", str(path), "-o", str(out), "--layout", "nchwc", "--standalone"]) == 0
@@ -164,7 +156,7 @@ def test_the_c_example_runs_a_channels_last_library(tmp_path: Path) -> None:
                if isinstance(s, Int8KernelStep))
     x = feeds(4)
     (tmp_path / "in.bin").write_bytes(np.ascontiguousarray(x["x"], np.float32).tobytes())
-    done = subprocess.run([str(binary), str(out), "-i", str(tmp_path / "in.bin"), "-o",
+    done = subprocess.run([str(example), str(out), "-i", str(tmp_path / "in.bin"), "-o",
                            str(tmp_path / "out.bin"), "-n", "2"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

@@ -4,7 +4,6 @@ step-by-step path, and the standalone C entry point (its example program built w
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -151,17 +150,6 @@ def standalone(tmp_path: Path) -> tuple[Path, Any]:
     assert main(["build", str(path), "-o", str(out), "--standalone"]) == 0
     assert (out / PROGRAM_FILE).is_file() and (out / WEIGHTS_FILE).is_file()
     return out, model
-
-
-@pytest.fixture
-def example(tmp_path: Path) -> Path:
-    compiler = shutil.which("cc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    binary = tmp_path / "run_model"
-    subprocess.run([compiler, "-O2", "-o", str(binary), str(ROOT / "examples/run_model.c"),
-                    "-ldl"], check=True, capture_output=True)
-    return binary
 
 
 def test_the_c_example_matches_the_python_runner(standalone: tuple[Path, Any], example: Path,
