@@ -23,8 +23,6 @@ from tuner_service.compiler.deploy.native import NativeError
 from tuner_service.compiler.deploy.native_export import PROGRAM_FILE, WEIGHTS_FILE, export_model
 from tuner_service.compiler.frontend.samples import SAMPLE_MODELS, build_sample_model
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def conv_relu_gemm(middle: str | None = None) -> Any:
     """Conv + Relu, Flatten (a view), Gemm; ``middle`` puts that numpy operator after Relu."""
