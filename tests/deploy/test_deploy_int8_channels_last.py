@@ -6,7 +6,6 @@ an int8 layout the runner does not know refused with a clear error."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ import pytest
 
 from schedule_templates.workloads import parse_workload
 from tests.frontend.quantized_models import feeds, quantized
-from tuner_service.cli.main import main
 from tuner_service.compiler.deploy import library
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.errors import LibraryError
@@ -144,21 +142,3 @@ def test_tasks_of_a_blocked_plan_carry_the_int8_layouts(tmp_path: Path) -> None:
             and k["workload"].startswith("conv2d_int8")} == {
         key for key, w in workloads.items() if w.op == "conv2d_int8"}
 
-
-def test_the_c_example_runs_a_channels_last_library(tmp_path: Path, example: Path) -> None:
-    """The standalone program of a channels-last build (``tuner build --standalone``) gives
-    the Python runner's bytes from C."""
-    path = quantized(tmp_path, "qdq", residual=True)
-    out = tmp_path / "lib"
-    assert main(["build", str(path), "-o", str(out), "--layout", "nchwc", "--standalone"]) == 0
-    runner = ModelRunner(path, KernelLibrary(out), 1)
-    assert any("in_layout=nhwc" in s.kernel.workload.key for s in runner.steps
-               if isinstance(s, Int8KernelStep))
-    x = feeds(4)
-    (tmp_path / "in.bin").write_bytes(np.ascontiguousarray(x["x"], np.float32).tobytes())
-    done = subprocess.run([str(example), str(out), "-i", str(tmp_path / "in.bin"), "-o",
-                           str(tmp_path / "out.bin"), "-n", "2"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    got = np.fromfile(tmp_path / "out.bin", dtype=np.float32)
-    np.testing.assert_array_equal(got, runner.run(x)["y"].reshape(-1))

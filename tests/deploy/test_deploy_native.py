@@ -165,16 +165,25 @@ def test_the_c_example_matches_the_python_runner(standalone: tuple[Path, Any], e
     np.testing.assert_allclose(got, runner.run(feeds)["y"].reshape(-1), rtol=0, atol=1e-6)
 
 
-def test_the_c_example_runs_a_quantized_model(example: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_the_c_example_runs_a_quantized_model(example: Path, tmp_path: Path, layout: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A QDQ model in the standalone program: its int8 kernels and glue read and write uint8
     buffers of the arena, their packed weights are bytes of the weights file; the C example
-    gives the Python runner's output exactly."""
+    gives the Python runner's output exactly, with int8 activations channels-last too
+    (``nchwc``, planned here whatever the host multiplies with)."""
     from tests.frontend.quantized_models import feeds, quantized
+    from tuner_service.compiler.deploy import library
+    from tuner_service.compiler.deploy.int8_step import Int8KernelStep
 
+    monkeypatch.setattr(library, "int8_channels_last", lambda proto: True)
     path = quantized(tmp_path, "qdq", residual=True)
     out = tmp_path / "lib"
-    assert main(["build", str(path), "-o", str(out), "--standalone"]) == 0
+    assert main(["build", str(path), "-o", str(out), "--layout", layout, "--standalone"]) == 0
     runner = ModelRunner(path, KernelLibrary(out), 1)
+    laid = [s for s in runner.steps if isinstance(s, Int8KernelStep)
+            and "in_layout=nhwc" in s.kernel.workload.key]
+    assert bool(laid) == (layout == "nchwc")
     x = feeds(3)
     (tmp_path / "in.bin").write_bytes(np.ascontiguousarray(x["x"], np.float32).tobytes())
     done = subprocess.run([str(example), str(out), "-i", str(tmp_path / "in.bin"), "-o",
