@@ -44,8 +44,9 @@ def plan_channels_last(proto: onnx.ModelProto) -> int:
     """Rewrite the workloads of ``proto``'s int8 convolution layers for channels-last
     activations where every reader allows it; returns how many tensors became
     channels-last."""
-    layers = {index: node for index, node, _ in _eligible_layers(proto.graph)}
-    workloads = {index: workload for index, _, workload in _eligible_layers(proto.graph)}
+    eligible = list(_eligible_layers(proto.graph))
+    layers = {index: node for index, node, _ in eligible}
+    workloads = {index: workload for index, _, workload in eligible}
     if not layers:
         return 0
     readers: dict[str, list[tuple[int, int]]] = {}
