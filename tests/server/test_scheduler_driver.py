@@ -91,4 +91,7 @@ def test_early_stopping_survives_a_restart(
     status = run_constant(FakeWorker(second, tokens["worker"]), job_id)
     task = status["tasks"][0]
     assert status["status"] == "done" and task["status"] == "done"
-    assert 5 <= task["trials_done"] <= 5 + CLAIM
+    # the driver withdraws a stalled task's queued candidates on its next cycle: a worker
+    # that reports and claims again before that cycle (a loaded CI machine, PostgreSQL) may
+    # take what was queued then too, at most one more claim (seen: 14 = 3 + 8 + 3)
+    assert 5 <= task["trials_done"] <= 5 + 2 * CLAIM
