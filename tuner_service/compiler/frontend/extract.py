@@ -161,12 +161,16 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
     return ExtractionResult(tasks=tasks, unsupported=unsupported, layout=layout)
 
 
-def _channels_last(proto: onnx.ModelProto) -> onnx.GraphProto:
-    """The graph as a blocked plan runs its int8 layers: channels-last activations between
-    int8 convolutions (``quantized_layout``; the build plans it on hosts with VNNI and no AMX,
-    so the tasks are those such workers tune)."""
+def _channels_last(proto: onnx.ModelProto) -> onnx.GraphProto | None:
+    """The graph's nodes as a blocked plan runs its int8 layers: channels-last activations
+    between int8 convolutions (``quantized_layout``; the build plans it on hosts with VNNI and
+    no AMX, so the tasks are those such workers tune). None without int8 layers. Only the
+    nodes and outputs are copied (the plan reads nothing else): not the weights."""
+    if not any(node.domain == INT8_DOMAIN for node in proto.graph.node):
+        return None
     laid = onnx.ModelProto()
-    laid.CopyFrom(proto)
+    laid.graph.node.extend(proto.graph.node)
+    laid.graph.output.extend(proto.graph.output)
     plan_channels_last(laid)
     return laid.graph
 
