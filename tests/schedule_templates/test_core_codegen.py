@@ -189,8 +189,14 @@ def test_pmaddwd_peak_loop_keeps_the_multiply_in_the_loop():
     asm = machine.emit_assembly(optimize(str(generate_llvm_ir(kernel)), machine))
     assert asm.count("vpmaddwd") >= 12 and asm.count("vpaddd") >= 12
     if "+avx2" in host_features().split(","):
-        fma = measure_peak_gflops(1, repeat=2)
-        assert 0.5 * fma < measure_peak_gflops(1, repeat=2, instruction="pmaddwd") < 4 * fma
+        # the best of three each, interleaved: with the other test worker beside it one
+        # measurement of the FMA loop read 46 GFLOPS (117 quiet, Zen 4) against pmaddwd's 231;
+        # a hoisted product runs 13x the FMA peak, so 8x still tells the two apart
+        fma = pmaddwd = 0.0
+        for _ in range(3):
+            fma = max(fma, measure_peak_gflops(1, repeat=2))
+            pmaddwd = max(pmaddwd, measure_peak_gflops(1, repeat=2, instruction="pmaddwd"))
+        assert 0.5 * fma < pmaddwd < 8 * fma
 
 
 @pytest.mark.parametrize("instruction,feature", [("vpdpbusd", "+avx512vnni"),
