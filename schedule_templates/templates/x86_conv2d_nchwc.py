@@ -49,6 +49,7 @@ from schedule_templates.templates.x86_nchwc_window import (
     vector_registers,
 )
 from schedule_templates.workloads import Conv2dNCHWc, Workload
+from schedule_templates.workloads.conv_nchwc import BlockedWindow
 
 #: most output channel blocks in one register tile
 MAX_KBT = 4
@@ -116,80 +117,7 @@ class Conv2dNCHWcX86(Template):
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = as_workload(workload, Conv2dNCHWc)
-        ko, kbt = config["tile_kb"]
-        oho, oht = config["tile_oh"]
-        b = wl.block
-        data = Buffer("data", wl.input_shapes()["data"])
-        packed = Buffer("weight_packed", (ko, wl.blocks_in, wl.R, wl.S, b, kbt, b))
-        out = Buffer("out", wl.output_shape())
-        epilogue = epilogue_stage(wl)
-        stages: list[Stmt] = []
-        workspace: tuple[Buffer, ...] = ()
-        if wl.plain_in:  # one block at most: cb is 0; each tap reads one channel plane
-            if any(wl.pad):
-                plane = padded_buffer(wl)
-                workspace = (plane,)
-                stages.append(pad_stage(wl, data, plane))
-
-                def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
-                    return plane[n * wl.C + c, h, w]
-            else:
-                def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
-                    return data[n, c, h, w]
-        elif any(wl.pad):
-            pad = padded_blocked(wl)
-            workspace = (pad,)
-            stages.append(pad_blocked_stage(wl, data, pad))
-
-            def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
-                return pad[n * wl.blocks_in + cb, h, w, c]
-        else:
-            def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
-                return data[n, cb, h, w, c]
-
-        t, par = loop("t", wl.N * ko * oho, LoopKind.PARALLEL)
-        n = t // (ko * oho)
-        rest = t % (ko * oho)
-        kg, hb = (rest // oho, rest % oho) if config["outer_order"] == "k_h" else (
-            rest % ko, rest // ko)
-        kinds = {name: LoopKind.UNROLL if config[name] == "unroll" else LoopKind.SERIAL
-                 for name in ("unroll_s", "unroll_c")}
-
-        def tile(width: int, first: Expr | int, name: str) -> Sequence[Stmt]:
-            a, unroll_a = loop(f"{name}a", oht, LoopKind.UNROLL)
-            p, unroll_p = loop(f"{name}p", width, LoopKind.UNROLL)
-            j, unroll_j = loop(f"{name}j", kbt, LoopKind.UNROLL)
-            k, vec_k = loop(f"{name}k", b, LoopKind.VECTORIZE)
-            cb, cb_loop = loop(f"{name}cb", wl.blocks_in)
-            r, r_loop = loop(f"{name}r", wl.R)
-            s, s_loop = loop(f"{name}s", wl.S, kinds["unroll_s"])
-            # a layer with fewer input channels than a block (an RGB stem) reads only the real
-            # ones: the rest of its single block is zero padding
-            c, c_loop = loop(f"{name}c", min(b, wl.C), kinds["unroll_c"])
-            oh, ow = hb * oht + a, first + p
-            acc = Buffer(f"acc_{name}", (oht, width, kbt, b), Scope.LOCAL)
-
-            def each(stmt: Stmt) -> Stmt:
-                return unroll_a(unroll_p(unroll_j(vec_k(stmt))))
-
-            tap = src(n, cb, oh * wl.stride[0] + r * wl.dilation[0],
-                      ow * wl.stride[1] + s * wl.dilation[1], c)
-            update = each(store(
-                acc[a, p, j, k], tap * packed[kg, cb, r, s, c, j, k] + acc[a, p, j, k]))
-            # the next channel group's weights, the group's row blocks taking turns
-            hints = row_hints(lambda x: packed[kg + 1, cb, r, s, c, 0, x], kbt * b,
-                              hb if config["outer_order"] == "k_h" else None, oho)
-            kb = kg * kbt + j
-            return [Allocate(acc, (
-                each(store(acc[a, p, j, k], Const(0.0, "float32"))),
-                cb_loop(r_loop(s_loop(c_loop(*hints, update)))),
-                each(store(out[n, kb, oh, ow, k], _stored(epilogue, acc[a, p, j, k], b, kb,
-                                                          (n, kb, oh, ow, k)))),
-            ))]
-
-        stages.append(par(row_tiles(wl.out_w, int(config["ow_t"]), tile)))
-        params = (data, packed, *epilogue.buffers, out)
-        return Kernel("conv2d_nchwc_x86", params, workspace, tuple(stages))
+        return blocked_conv_kernel(wl, config, "conv2d_nchwc_x86", wl.blocks_in)
 
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
@@ -198,6 +126,88 @@ class Conv2dNCHWcX86(Template):
         return {"data": inputs["data"],
                 "weight_packed": pack_blocked_weight(inputs["weight"], wl.block, kbt),
                 **epilogue_arguments(wl, inputs)}
+
+
+def blocked_conv_kernel(wl: BlockedWindow, config: Config, kernel_name: str, span: int,
+                        first_block: Callable[[Expr], Expr] | None = None) -> Kernel:
+    """The direct blocked convolution: each tile of output blocks reduces over ``span`` input
+    blocks, from ``first_block(tile)`` (a grouped layer's own groups) or from block 0."""
+    ko, kbt = config["tile_kb"]
+    oho, oht = config["tile_oh"]
+    b = wl.block
+    plain_in = bool(getattr(wl, "plain_in", False))
+    data = Buffer("data", wl.input_shapes()["data"])
+    packed = Buffer("weight_packed", (ko, span, wl.R, wl.S, b, kbt, b))
+    out = Buffer("out", wl.output_shape())
+    epilogue = epilogue_stage(wl)
+    stages: list[Stmt] = []
+    workspace: tuple[Buffer, ...] = ()
+    if plain_in:  # one block at most: cb is 0; each tap reads one channel plane
+        if any(wl.pad):
+            plane = padded_buffer(wl)
+            workspace = (plane,)
+            stages.append(pad_stage(wl, data, plane))
+
+            def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
+                return plane[n * wl.C + c, h, w]
+        else:
+            def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
+                return data[n, c, h, w]
+    elif any(wl.pad):
+        pad = padded_blocked(wl)
+        workspace = (pad,)
+        stages.append(pad_blocked_stage(wl, data, pad))
+
+        def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
+            return pad[n * wl.blocks_in + cb, h, w, c]
+    else:
+        def src(n: Expr, cb: Expr, h: Expr, w: Expr, c: Expr) -> Load:
+            return data[n, cb, h, w, c]
+
+    t, par = loop("t", wl.N * ko * oho, LoopKind.PARALLEL)
+    n = t // (ko * oho)
+    rest = t % (ko * oho)
+    kg, hb = (rest // oho, rest % oho) if config["outer_order"] == "k_h" else (
+        rest % ko, rest // ko)
+    kinds = {name: LoopKind.UNROLL if config[name] == "unroll" else LoopKind.SERIAL
+             for name in ("unroll_s", "unroll_c")}
+
+    def tile(width: int, first: Expr | int, name: str) -> Sequence[Stmt]:
+        a, unroll_a = loop(f"{name}a", oht, LoopKind.UNROLL)
+        p, unroll_p = loop(f"{name}p", width, LoopKind.UNROLL)
+        j, unroll_j = loop(f"{name}j", kbt, LoopKind.UNROLL)
+        k, vec_k = loop(f"{name}k", b, LoopKind.VECTORIZE)
+        cb, cb_loop = loop(f"{name}cb", span)
+        r, r_loop = loop(f"{name}r", wl.R)
+        s, s_loop = loop(f"{name}s", wl.S, kinds["unroll_s"])
+        # a layer with fewer input channels than a block (an RGB stem) reads only the real
+        # ones: the rest of its single block is zero padding
+        c, c_loop = loop(f"{name}c", min(b, wl.C), kinds["unroll_c"])
+        oh, ow = hb * oht + a, first + p
+        acc = Buffer(f"acc_{name}", (oht, width, kbt, b), Scope.LOCAL)
+
+        def each(stmt: Stmt) -> Stmt:
+            return unroll_a(unroll_p(unroll_j(vec_k(stmt))))
+
+        block_in = cb if first_block is None else first_block(kg) + cb
+        tap = src(n, block_in, oh * wl.stride[0] + r * wl.dilation[0],
+                  ow * wl.stride[1] + s * wl.dilation[1], c)
+        update = each(store(
+            acc[a, p, j, k], tap * packed[kg, cb, r, s, c, j, k] + acc[a, p, j, k]))
+        # the next channel group's weights, the group's row blocks taking turns
+        hints = row_hints(lambda x: packed[kg + 1, cb, r, s, c, 0, x], kbt * b,
+                          hb if config["outer_order"] == "k_h" else None, oho)
+        kb = kg * kbt + j
+        return [Allocate(acc, (
+            each(store(acc[a, p, j, k], Const(0.0, "float32"))),
+            cb_loop(r_loop(s_loop(c_loop(*hints, update)))),
+            each(store(out[n, kb, oh, ow, k], _stored(epilogue, acc[a, p, j, k], b, kb,
+                                                      (n, kb, oh, ow, k)))),
+        ))]
+
+    stages.append(par(row_tiles(wl.out_w, int(config["ow_t"]), tile)))
+    params = (data, packed, *epilogue.buffers, out)
+    return Kernel(kernel_name, params, workspace, tuple(stages))
 
 
 def _stored(epilogue: EpilogueStage, value: Expr, block: int, kb: Expr,

@@ -11,6 +11,7 @@ from schedule_templates.workloads.bf16_conv import Conv2dBf16
 from schedule_templates.workloads.conv import Conv2d, DepthwiseConv2d, GroupConv2d
 from schedule_templates.workloads.conv_nchwc import Conv2dNCHWc, DepthwiseConv2dNCHWc
 from schedule_templates.workloads.gemm import BatchMatmul, Dense
+from schedule_templates.workloads.group_nchwc import GroupConv2dNCHWc
 from schedule_templates.workloads.lowp import BatchMatmulBf16, DenseBf16, DenseInt8
 from schedule_templates.workloads.quant_conv import Conv2dInt8
 
@@ -27,6 +28,7 @@ __all__ = [
     "DepthwiseConv2d",
     "DepthwiseConv2dNCHWc",
     "GroupConv2d",
+    "GroupConv2dNCHWc",
     "Workload",
     "make_workload",
     "parse_workload",

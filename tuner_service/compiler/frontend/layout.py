@@ -3,9 +3,11 @@
 A pass over the layer plan (``fusion.plan_layers``) and the generated plan
 (``generated.plan_generated``), run the same way at build and at load time:
 
-- every ``conv2d`` layer and every ``depthwise_conv2d`` layer of multiplier 1 becomes its
-  blocked operator (``conv2d_nchwc``, ``depthwise_conv2d_nchwc``; its epilogue stays fused, the
-  per-channel scale and bias padded to whole blocks, the residual read blocked);
+- every ``conv2d`` layer, every ``depthwise_conv2d`` layer of multiplier 1 and every
+  ``group_conv2d`` layer whose groups meet block boundaries (``group_window``) becomes its
+  blocked operator (``conv2d_nchwc``, ``depthwise_conv2d_nchwc``, ``group_conv2d_nchwc``; its
+  epilogue stays fused, the per-channel scale and bias padded to whole blocks, the residual
+  read blocked);
 - a generated elementwise chain over a 4-D activation that already exists blocked runs blocked
   too (its other full-size inputs are read blocked, per-channel constants are re-laid out at
   plan time), so a region grows from conv-family layers through the cheap ops between them;
@@ -42,8 +44,9 @@ from schedule_templates.ops.movement import Concat
 from schedule_templates.ops.pool import Pool2d
 from schedule_templates.ops.pool_blocked import BlockedPool2d
 from schedule_templates.ops.reduce import Reduce
-from schedule_templates.workloads import Workload, parse_workload
+from schedule_templates.workloads import GroupConv2d, Workload, parse_workload
 from schedule_templates.workloads.conv_nchwc import channel_blocks, to_blocked
+from schedule_templates.workloads.group_nchwc import group_window
 from tuner_service.compiler.frontend.folding import ConstantValues
 from tuner_service.compiler.frontend.fusion import Layer, default_opset, node_name
 from tuner_service.compiler.frontend.generated_context import GeneratedLayer
@@ -325,6 +328,10 @@ def blocked_workload(workload: Workload, block: int) -> Workload | None:
         _, _, body = workload.key.partition(":")
         plain_in = ",in_layout=nchw" if reads_plain(workload, block) else ""
         return parse_workload(f"{workload.op}_nchwc:{body}{plain_in},block={block}")
+    if isinstance(workload, GroupConv2d) and group_window(
+            workload.C, workload.K, workload.groups, block, 1) is not None:
+        _, _, body = workload.key.partition(":")
+        return parse_workload(f"group_conv2d_nchwc:{body},block={block}")
     return None
 
 
