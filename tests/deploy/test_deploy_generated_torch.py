@@ -20,6 +20,7 @@ from tests.deploy.conftest import onnxruntime_outputs
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
+from tuner_service.compiler.deploy.concat_inplace import PlacedConcat  # noqa: E402
 from tuner_service.compiler.deploy.configs import ConfigBook  # noqa: E402
 from tuner_service.compiler.deploy.executor import ModelRunner  # noqa: E402
 from tuner_service.compiler.deploy.kernel_step import KernelStep  # noqa: E402
@@ -154,6 +155,7 @@ def test_zoo_blocks_run_generated(name: str, tmp_path: Path) -> None:
     for key, expected in want.items():
         error = float(np.max(np.abs(got[key] - expected)))
         assert error <= 1e-5 * float(np.max(np.abs(expected))), (key, error)
-    numpy_ops = {step.info.op_type for step in runner.steps if not isinstance(step, KernelStep)}
+    numpy_ops = {step.info.op_type for step in runner.steps
+                 if not isinstance(step, KernelStep | PlacedConcat)}
     assert numpy_ops <= VIEWS, numpy_ops
     assert runner.generated_steps

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
+from tuner_service.compiler.deploy.concat_inplace import PlacedConcat
 from tuner_service.compiler.deploy.errors import DeployError, LibraryError, UnsupportedOperatorError
 from tuner_service.compiler.deploy.fallback import (
     FallbackStep,
@@ -155,6 +156,8 @@ class ModelRunner:
         warn_int8_reference(self.steps)
         # activation buffers planned ahead (both paths use them); kernel runs become programs
         self.plan = ModelPlan(self.steps, self.outputs, self._shapes, self.scratch)
+        for index, output in self.plan.in_place.views.items():
+            self.steps[index] = PlacedConcat(self.steps[index], self.plan.views[output])
         self.native = self._native_program() if native else None
 
     def _native_program(self) -> NativeProgram | None:
@@ -258,6 +261,8 @@ class ModelRunner:
 
 
 def _step_kind(step: Any) -> str:
+    if isinstance(step, PlacedConcat):
+        return "generated"
     if isinstance(step, Int8KernelStep | QuantGlueStep):
         return "int8"
     if isinstance(step, GeneratedStep):
@@ -274,6 +279,8 @@ def _step_name(step: Any) -> str:
         return f"{step.layer} [int8 glue {step.op.kind}]"
     if isinstance(step, GeneratedStep):
         return f"{step.layer} [generated {step.op.kind}]"
+    if isinstance(step, PlacedConcat):
+        return f"{step.layer} [generated concat, written in place]"
     if isinstance(step, KernelStep):
         return f"{step.layer} [{step.kernel.workload.key}]"
     return f"{step.info.name} ({step.info.op_type})"

@@ -10,7 +10,9 @@ numpy and reference-evaluator steps (each run of them splits the program into on
 segment), and copying the outputs out.
 
 Pure views (Reshape, Flatten, Squeeze, Unsqueeze, Identity of a buffer the plan owns) do not
-split segments: their output is an alias of their input's buffer. A kernel output that a
+split segments: their output is an alias of their input's buffer. So are channel concats that
+their inputs' kernels write in place (``concat_inplace``): a tensor then lives at a byte offset
+into its root's buffer. A kernel output that a
 Python step reads lives to the end of the run (the step may return a view of it), as do graph
 outputs, so the plan is valid for the step-by-step path too: both paths share the same buffers
 and give the same bits.
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from schedule_templates.runtime import aligned_empty
+from tuner_service.compiler.deploy.concat_inplace import plan_in_place
 from tuner_service.compiler.deploy.errors import DeployError, LibraryError
 from tuner_service.compiler.deploy.fallback import FallbackStep
 from tuner_service.compiler.deploy.kernel_step import FP32, ArgKind, KernelStep, Scratch
@@ -113,8 +116,11 @@ class ModelPlan:
         self.outputs = list(outputs)
         self.producers: dict[str, KernelStep] = {}
         self.roots: dict[str, str] = {}  # planned tensor (or alias) -> the tensor it views
+        self.offsets_in_root: dict[str, int] = {}  # bytes from its root's start, where not 0
         self.alias_shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, np.dtype[Any]] = {}  # of each root
         self.segments: list[Segment] = []
+        self.in_place = plan_in_place(steps)
         self._split(steps, shapes)
         self.externals = self._externals()
         self.memory = plan_memory(self._requests(steps))
@@ -129,19 +135,38 @@ class ModelPlan:
     # -- segments and aliases --------------------------------------------------------------
 
     def _split(self, steps: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+        placed = self.in_place.placed
         for index, step in enumerate(steps):
-            if isinstance(step, KernelStep) and step.in_program:
-                self.producers[step.outputs[0]] = step
-                self.roots[step.outputs[0]] = step.outputs[0]
+            if index in self.in_place.views:  # a concat its inputs' kernels wrote in place
+                output = step.outputs[0]
+                self._place(output, *placed[output])
+                self.alias_shapes[output] = tuple(step.output.shape)
+                self.dtypes.setdefault(output, step.output_dtype)
+            elif isinstance(step, KernelStep) and step.in_program:
+                output = step.outputs[0]
+                self.producers[output] = step
+                self._place(output, *placed.get(output, (output, 0)))
+                self.dtypes.setdefault(self.roots[output], step.output_dtype)
                 self._segment(native=True, index=index).kernels.append(step)
             elif self._is_view(step, shapes):
-                self.roots[step.outputs[0]] = self.roots[step.inputs[0]]
+                source = step.inputs[0]
+                self._place(step.outputs[0], self.roots[source],
+                            self.offsets_in_root.get(source, 0))
                 self.alias_shapes[step.outputs[0]] = shapes[step.outputs[0]]
             else:
                 segment = self._segment(native=False, index=index)
                 segment.steps.append(step)
                 segment.reads.extend(n for n in step.inputs if n in self.roots
                                      and n not in segment.reads)
+
+    def _place(self, tensor: str, root: str, offset: int) -> None:
+        self.roots[tensor] = root
+        if offset:
+            self.offsets_in_root[tensor] = offset
+
+    def offset_of(self, tensor: str) -> int:
+        """Byte offset of a planned tensor in the arena."""
+        return self.memory.offsets[self.roots[tensor]] + self.offsets_in_root.get(tensor, 0)
 
     def _segment(self, native: bool, index: int) -> Segment:
         if not self.segments or self.segments[-1].native != native:
@@ -185,9 +210,16 @@ class ModelPlan:
         for name in self.outputs:
             if name in self.roots:
                 last[self.roots[name]] = end
-        requests = [BufferRequest(name, step.output_elements * step.output_dtype.itemsize,
-                                  written[name], max(written[name], last.get(name, -1)))
-                    for name, step in self.producers.items()]
+        sizes = {name: step.output_elements * step.output_dtype.itemsize
+                 for name, step in self.producers.items() if self.roots[name] == name}
+        sizes.update(self.in_place.root_bytes)
+        starts: dict[str, int] = {}  # a root's first write: its own, or a placed input's
+        for name, root in self.roots.items():
+            if name in written:
+                starts[root] = min(starts.get(root, written[name]), written[name])
+        requests = [BufferRequest(root, size, starts[root],
+                                  max(starts[root], last.get(root, -1)))
+                    for root, size in sizes.items()]
         for external in self.externals.values():
             first = self.segments[external.segment].first
             requests.append(BufferRequest(f"external:{external.name}",
@@ -199,22 +231,24 @@ class ModelPlan:
         return bool(step.outputs) and step.outputs[0] in self.alias_shapes
 
     def arena_slice(self, name: str, elements: int, dtype: np.dtype[Any]) -> np.ndarray:
-        """``elements`` of ``dtype`` at the planned (64-byte aligned) offset of ``name``."""
-        start = self.memory.offsets[name]
+        """``elements`` of ``dtype`` at the planned offset of ``name`` (64-byte aligned)."""
+        start = self.offset_of(name) if name in self.roots else self.memory.offsets[name]
         raw = self.arena.view(np.uint8)[start:start + elements * dtype.itemsize]
         return raw.view(dtype)
 
     def _view(self, tensor: str) -> np.ndarray:
-        root = self.roots[tensor]
-        base = self.producers[root].output
-        return base.reshape(self.alias_shapes[tensor]) if tensor in self.alias_shapes else base
+        if tensor in self.producers:
+            return self.producers[tensor].output
+        shape = self.alias_shapes[tensor]
+        dtype = self.dtypes[self.roots[tensor]]
+        return self.arena_slice(tensor, int(np.prod(shape)), dtype).reshape(shape)
 
     # -- records -----------------------------------------------------------------------------
 
     def tensor_ref(self, tensor: str) -> Arg:
         """A planned tensor's arena pointer; an external's name (bound at run time)."""
         if tensor in self.roots:
-            return Ref(Region.ARENA, self.memory.offsets[self.roots[tensor]])
+            return Ref(Region.ARENA, self.offset_of(tensor))
         return tensor
 
     def staging_ref(self, external: str) -> Ref:
@@ -228,7 +262,7 @@ class ModelPlan:
                 continue
             assert arg.buffer is not None
             if arg.kind is ArgKind.OUTPUT:
-                ref = Ref(Region.ARENA, self.memory.offsets[step.outputs[0]])
+                ref = Ref(Region.ARENA, self.offset_of(step.outputs[0]))
             elif arg.kind is ArgKind.WORKSPACE:
                 ref = Ref(Region.SCRATCH, arg.buffer.ctypes.data - self.scratch.buffer.ctypes.data)
             else:

@@ -101,7 +101,7 @@ def _write_outputs(out: _Writer, plan: ModelPlan) -> None:
         if name not in plan.roots:
             raise NativeError(f"output {name!r} is not computed by a kernel")
         out.name(name)
-        out.ints(plan.views[name].size, plan.memory.offsets[plan.roots[name]])
+        out.ints(plan.views[name].size, plan.offset_of(name))
 
 
 def _write_records(out: _Writer, plan: ModelPlan, records: Sequence[Record],
