@@ -5,8 +5,11 @@ and read the source at per-axis strides: the concat offset, ``stride * step`` fo
 permuted stride for a transpose. Axes that stay contiguous in both are merged first, so a
 channel concat is a single long run per input, and a slice of whole rows is a block copy. Where
 the source's innermost stride is 1 the loads are vector loads; otherwise (a transpose that
-moves the last axis, a stepped slice) the generator gathers lane by lane. Outer loops (or
-blocks of a long run, when the outer loops are too few) are shared among threads.
+moves the last axis, a stepped slice) the generator gathers lane by lane; a transpose that
+moves it walks the output in tiles of 16 lanes (``transpose_tiles``) so that the source lines it
+gathers from stay in L1 (ConvNeXt's 56 x 56 x 96 NHWC -> NCHW: 0.227 -> 0.115 ms, the whole
+model 44.28 -> 43.29 ms at one thread, Zen 5, paired). Outer loops (or blocks of a long run,
+when the outer loops are too few) are shared among threads.
 """
 
 from __future__ import annotations
@@ -57,6 +60,43 @@ def _copy(src: Buffer, dst: Buffer, axes: list[Axis], src_base: int, dst_base: i
         stmts += nest(outer[:-1], bases, walk(tail[1], tail[0]), parallel=False,
                       name=f"{name}t")
     return stmts
+
+
+#: output elements a transpose tile writes along its innermost axis (one vector of fp32)
+TILE = 16
+
+
+def transpose_tiles(axes: list[Axis]) -> list[Axis] | None:
+    """A transpose that moves the source's contiguous axis (``axes`` collapsed, strides as
+    (src, dst)), reordered into tiles: ``TILE`` outputs along the output's innermost axis,
+    gathered from ``TILE`` source rows, for every step of the source's contiguous axis before
+    the next tile. Walking whole output rows instead reads each source line once per output row
+    (ConvNeXt's 56 x 56 x 96 NHWC -> NCHW: 3136 lines apart, out of L1). None where the copy is
+    not such a transpose, or its inner extent is not a whole number of tiles."""
+    if len(axes) < 2 or axes[-1].strides[0] == 1 or axes[-1].extent % TILE:
+        return None
+    inner = axes[-1]
+    found = [i for i, ax in enumerate(axes[:-1]) if ax.strides[0] == 1]
+    if not found or axes[found[0]].extent < 4:
+        return None
+    contiguous = found[0]
+    others = [ax for i, ax in enumerate(axes[:-1]) if i != contiguous]
+    tiles = Axis(inner.extent // TILE, tuple(s * TILE for s in inner.strides))
+    return [*others, tiles, axes[contiguous], Axis(TILE, inner.strides)]
+
+
+def _tiled_copy(src: Buffer, dst: Buffer, axes: list[Axis]) -> list[Stmt]:
+    """The copy over ``transpose_tiles``' axes: one vector of ``TILE`` lanes innermost."""
+    outer, inner = axes[:-1], axes[-1]
+    s_in, s_out = inner.strides
+
+    def body(offsets: tuple[Expr, ...]) -> list[Stmt]:
+        return vector_split(inner.extent, 0, lambda pos, _: [
+            store(dst[offsets[1] + pos * s_out], src[offsets[0] + pos * s_in])], name="tv")
+
+    work = math.prod(a.extent for a in axes)
+    return nest(outer, (Const(0), Const(0)), body,
+                parallel=want_parallel(work, math.prod(a.extent for a in outer)), name="tt")
 
 
 def _check_dims(kind: str, what: str, value: object, minimum: int = 1,
@@ -195,8 +235,9 @@ class Transpose(GeneratedOp):
         out = Buffer("out", (math.prod(self.shape),), dtype=self.dtype)
         src, dst = row_major(self.shape), row_major(self.output_shape())
         axes = [Axis(self.shape[p], (src[p], d)) for p, d in zip(self.perm, dst, strict=True)]
-        return Kernel(kernel_name(self.kind, self.key), (x, out), (),
-                      tuple(_copy(x, out, axes, 0, 0, "t")))
+        tiles = transpose_tiles(collapse(axes))
+        body = _copy(x, out, axes, 0, 0, "t") if tiles is None else _tiled_copy(x, out, tiles)
+        return Kernel(kernel_name(self.kind, self.key), (x, out), (), tuple(body))
 
     def reference(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         x = np.asarray(inputs["x"], self.dtype).reshape(self.shape)

@@ -1,12 +1,14 @@
 """Concat, slice and transpose: exact copies of numpy's results, 1 and 2 threads."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 from schedule_templates.ops.base import GeneratedOpError, op_from_json
-from schedule_templates.ops.movement import Concat, Slice, Transpose
+from schedule_templates.ops.loops import Axis, collapse, row_major
+from schedule_templates.ops.movement import TILE, Concat, Slice, Transpose, transpose_tiles
 from schedule_templates.ops.run import compile_op
 
 
@@ -41,9 +43,30 @@ def test_slice(check_op, shape, starts, steps, out):
     ((3, 1, 4, 1), (3, 2, 1, 0)),            # size-1 axes
     ((2, 3, 4, 5, 6), (4, 0, 3, 1, 2)),
     ((1, 24, 28, 28), (0, 2, 3, 1)),
+    ((1, 32, 32, 24), (0, 3, 1, 2)),         # NHWC -> NCHW in tiles of 16 pixels
+    ((2, 48, 20), (0, 2, 1)),                # tiles, the batch axis outermost
+    ((5, 64, 3, 7), (2, 0, 3, 1)),           # tiles, two other axes
 ])
 def test_transpose(check_op, shape, perm):
     check_op(Transpose(shape, perm), exact=True)
+
+
+@pytest.mark.parametrize("shape, perm, tiled", [
+    ((1, 56, 56, 96), (0, 3, 1, 2), True),   # ConvNeXt's NHWC -> NCHW
+    ((1, 32, 32, 24), (0, 3, 1, 2), True),
+    ((2, 48, 20), (0, 2, 1), True),
+    ((5, 64, 3, 7), (2, 0, 3, 1), True),
+    ((1, 14, 14, 384), (0, 3, 1, 2), False),  # 196 pixels: not whole tiles, rows as before
+    ((197, 12, 64), (1, 0, 2), False),       # the inner axis stays contiguous
+])
+def test_transposes_of_the_contiguous_axis_walk_tiles(shape, perm, tiled):
+    src, dst = row_major(shape), row_major(tuple(shape[p] for p in perm))
+    axes = [Axis(shape[p], (src[p], d)) for p, d in zip(perm, dst, strict=True)]
+    tiles = transpose_tiles(collapse(axes))
+    assert (tiles is not None) == tiled
+    if tiles is not None:
+        assert tiles[-1].extent == TILE and tiles[-2].strides[0] == 1
+        assert math.prod(a.extent for a in tiles) == math.prod(shape)
 
 
 def test_contiguous_copies_are_vectorized():
@@ -85,6 +108,7 @@ def test_malformed_is_refused(data):
     ((3, 17, 5), (2, 0, 1)),
     ((300, 301), (1, 0)),
     ((7,), (0,)),
+    ((24, 64), (1, 0)),                      # tiles of 16 bytes
 ])
 def test_byte_transpose_is_numpy_exactly(dtype, shape, perm):
     """8-bit activations (a quantized model's) move as bytes: numpy's transpose exactly."""
