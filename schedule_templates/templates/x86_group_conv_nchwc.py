@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from schedule_templates.errors import InvalidConfigError
 from schedule_templates.ir.nodes import Expr, Kernel
 from schedule_templates.space import Config, ConfigSpace
 from schedule_templates.templates.base import Template, as_workload, register
@@ -29,14 +30,15 @@ from schedule_templates.templates.x86_conv2d_nchwc import (
     blocked_conv_kernel,
 )
 from schedule_templates.templates.x86_nchwc_window import balanced_width
-from schedule_templates.workloads import GroupConv2dNCHWc, Workload
+from schedule_templates.workloads import Conv2dNCHWc, GroupConv2dNCHWc, Workload
 from schedule_templates.workloads.group_nchwc import GroupWindow
 
 
 def _window(wl: GroupConv2dNCHWc, kbt: int) -> GroupWindow:
     window = wl.window(kbt)
     if window is None:  # the space's constraint keeps such tiles out
-        raise ValueError(f"{wl.key}: tiles of {kbt} blocks do not meet group boundaries")
+        raise InvalidConfigError(f"{wl.key}: tiles of {kbt} blocks do not meet group "
+                                 "boundaries")
     return window
 
 
@@ -95,8 +97,6 @@ class GroupConv2dNCHWcX86(Template):
 
 def _dense_twin(wl: GroupConv2dNCHWc) -> Workload:
     """The ungrouped blocked convolution of the same shape (whose space this one narrows)."""
-    from schedule_templates.workloads import Conv2dNCHWc
-
     return Conv2dNCHWc(wl.N, wl.C, wl.H, wl.W, wl.R, wl.S, wl.stride, wl.pad, wl.dilation,
                        block=wl.block, K=wl.K)
 

@@ -115,6 +115,25 @@ def test_a_dense_block_places_every_feature_map_once(tmp_path: Path) -> None:
     _check(runner, model)
 
 
+@pytest.mark.parametrize("order", ["inner_first", "outer_first"])
+def test_a_concat_of_a_concat_keeps_every_slice_written(tmp_path: Path, order: str) -> None:
+    """``inner = [a, b]`` feeds ``outer = [inner, c]`` (and a Relu): whichever concat claims
+    the tensors first, every byte of both outputs is written."""
+    # the longer list claims first: three inputs against two
+    inner, outer = (["a", "b", "d"], ["inner", "c"]) if order == "inner_first" else (
+        ["a", "b"], ["inner", "c", "d"])
+    nodes = [helper.make_node("Conv", ["x", f"w{t}"], [t]) for t in "abcd"]
+    nodes += [helper.make_node("Concat", inner, ["inner"], axis=1),
+              helper.make_node("Concat", outer, ["outer"], axis=1),
+              helper.make_node("Relu", ["inner"], ["y"])]
+    model = make_model(nodes, {"x": (1, 16, 4, 4)},
+                       {"y": (1, 16 * len(inner), 4, 4), "outer": (1, 64, 4, 4)},
+                       {f"w{t}": _w(16, 16, 1, 1) for t in "abcd"})
+    runner = _runner(model, tmp_path)
+    assert runner.plan.in_place.views  # one of the two is written in place
+    _check(runner, model)
+
+
 @pytest.mark.parametrize("case", ["batch", "graph_input", "duplicate", "unaligned"])
 def test_concats_that_cannot_be_placed_still_copy(tmp_path: Path, case: str) -> None:
     if case == "batch":  # two images: the inputs interleave in the output

@@ -53,6 +53,8 @@ def plan_in_place(steps: Sequence[Any]) -> InPlaceConcats:
     # the longest lists first: a shorter list that is its prefix becomes a view of it
     for index, step, parts in sorted(candidates, key=lambda c: (-len(c[2]), c[0])):
         output = step.outputs[0]
+        if output in placed:  # an input of a concat placed already: it copies into its slice
+            continue
         names = [name for name, _ in parts]
         if all(name not in placed for name in names):
             offset = 0
