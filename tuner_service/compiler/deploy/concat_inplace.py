@@ -86,7 +86,7 @@ def _parts(step: Any, producers: dict[str, KernelStep]) -> list[tuple[str, int]]
     parts, offset = [], 0
     for name, width in zip(names, step.op.widths, strict=True):
         producer = producers.get(name)
-        if (producer is None or producer is step or producer.output_elements != width
+        if (producer is None or producer.output_elements != width
                 or producer.output_dtype != step.output_dtype or offset % ALIGN_BYTES):
             return None
         size = width * producer.output_dtype.itemsize
@@ -97,13 +97,15 @@ def _parts(step: Any, producers: dict[str, KernelStep]) -> list[tuple[str, int]]
 
 def _is_prefix(parts: list[tuple[str, int]], placed: dict[str, tuple[str, int]]) -> bool:
     """Whether ``parts`` lie in one placed buffer from its start, in order and back to back."""
-    root = placed[parts[0][0]][0] if parts[0][0] in placed else None
-    offset = 0
+    first = placed.get(parts[0][0])
+    if first is None:
+        return False
+    root, offset = first[0], 0
     for name, size in parts:
         if placed.get(name) != (root, offset):
             return False
         offset += size
-    return root is not None
+    return True
 
 
 class PlacedConcat:

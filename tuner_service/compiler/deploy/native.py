@@ -12,10 +12,9 @@ segment), and copying the outputs out.
 Pure views (Reshape, Flatten, Squeeze, Unsqueeze, Identity of a buffer the plan owns) do not
 split segments: their output is an alias of their input's buffer. So are channel concats that
 their inputs' kernels write in place (``concat_inplace``): a tensor then lives at a byte offset
-into its root's buffer. A kernel output that a
-Python step reads lives to the end of the run (the step may return a view of it), as do graph
-outputs, so the plan is valid for the step-by-step path too: both paths share the same buffers
-and give the same bits.
+into its root's buffer. A kernel output that a Python step reads lives to the end of the run
+(the step may return a view of it), as do graph outputs, so the plan is valid for the
+step-by-step path too: both paths share the same buffers and give the same bits.
 """
 
 from __future__ import annotations
