@@ -2,7 +2,10 @@
 
 A row reduction along the contiguous axis keeps 64 partial results (four 16-lane vectors, so
 four independent add chains hide the FMA latency) in a LOCAL buffer, folds the row's tail into
-them, then reduces the 64 lanes as a balanced tree. Softmax is three passes over a row (max;
+them as one short vector, then halves the 64 lanes with vector operations down to 4 and ends
+with a scalar tree (a 63-step scalar tree per reduction had cost more than the row itself for
+attention rows: softmax over 1536 rows of 128, 0.078 -> 0.049 ms; 2364 of 197, 0.179 ->
+0.142). Softmax is three passes over a row (max;
 exp written to the output while summing; scale by the reciprocal), layer norm three as well
 (mean; variance of the centred row, two-pass for accuracy; normalise, scale and shift). Rows
 are shared among threads when there is enough work. A reduction over a strided axis (inner > 1)
@@ -49,6 +52,7 @@ Combine = Callable[[Expr, Expr], Expr]
 _COMBINE: dict[str, Combine] = {"sum": lambda a, b: a + b, "mean": lambda a, b: a + b,
                                 "max": fmax}
 _ACC_LANES = 4 * VECTOR
+_TREE_LANES = 4  # partials left for the scalar tree once vector halving stops
 
 
 def _positive(op: str, **dims: object) -> None:
@@ -85,9 +89,15 @@ def row_reduce(base: Expr, n: int, combine: Combine, acc: Buffer,
         v, mk_v = loop("v", VECTOR, LoopKind.VECTORIZE)
         stmts.append(mk_k(mk_v(fold(start + k * VECTOR + v, v))))
     if rem % VECTOR:
-        r, mk_r = loop("r", rem % VECTOR)
+        tail = rem % VECTOR  # one short vector (LLVM widens it), not a scalar loop
+        r, mk_r = loop("r", tail, LoopKind.VECTORIZE if tail > 1 else LoopKind.SERIAL)
         stmts.append(mk_r(fold(start + (rem // VECTOR) * VECTOR + r, r)))
-    return stmts, tree([acc[j] for j in range(width)], combine)
+    lanes = width
+    while lanes > _TREE_LANES:  # halve the partials with vector ops, then a short scalar tree
+        lanes //= 2
+        h, mk_h = loop("h", lanes, LoopKind.VECTORIZE)
+        stmts.append(mk_h(store(acc[h], combine(acc[h], acc[h + lanes]))))
+    return stmts, tree([acc[j] for j in range(lanes)], combine)
 
 
 def _rows(rows: int, row_stride: int, out_stride: int, work: int,

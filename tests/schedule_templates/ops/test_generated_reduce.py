@@ -7,8 +7,9 @@ import pytest
 from schedule_templates.ops.base import GeneratedOpError, op_from_json
 from schedule_templates.ops.reduce import LayerNorm, LogSoftmax, Reduce, Softmax
 
-# lengths around the 16- and 64-lane accumulator widths, plus large enough ones to thread
-ROW_LENGTHS = [1, 7, 15, 16, 17, 63, 64, 65, 100, 1000]
+# lengths around the 16- and 64-lane accumulator widths and their short-vector tails (79: 64 +
+# 15, 81: 64 + 16 + 1, 197: a ViT row), plus large enough ones to thread
+ROW_LENGTHS = [1, 7, 15, 16, 17, 63, 64, 65, 79, 81, 100, 197, 1000]
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
