@@ -4,12 +4,11 @@ A job ranks a task's configs by runs that repeat the layer with its weights in c
 model the weights come from memory. This reads a finished job's trials back from its database,
 takes each task's ``--top`` fastest configs plus the template default, and times every one of
 them both ways, interleaved over ``--rounds``: warm as the job did, and after a cache flush
-(``MeasureOptions(flush_cache=True)``, as ``bench/weights_cold.py``). It prints JSON per task:
-each candidate's warm and flushed median ms, the warm pick, the flushed pick and what choosing by
-warm time costs in flushed time. With
-``--write DIR`` it writes ``warm.json`` and ``flushed.json`` (``tuner build --configs``), the two
-picks per task, so that both builds can be timed in the model (``bench/paired.py``): whether the
-flushed pick helps is decided there, not here.
+(``weights_cold.measure``: ``MeasureOptions(flush_cache=True)``). It prints JSON per task: each
+candidate's warm and flushed median ms, the warm pick, the flushed pick and what choosing by warm
+time costs in flushed time. With ``--write DIR`` it writes ``warm.json`` and ``flushed.json``
+(``tuner build --configs``), the two picks per task, so that both builds can be timed in the
+model (``bench/paired.py``): whether the flushed pick helps is decided there, not here.
 
     python bench/e2e_tune.py MODEL.onnx --name NAME --threads 1 --trials 32
     python bench/context_pick.py bench/.e2e-cache/tuning-t1/tuner.db --threads 1 --write /tmp/ctx
@@ -28,22 +27,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedule_templates.records import MeasureOptions
 from schedule_templates.templates.base import get_template
 from schedule_templates.workloads import parse_workload
 from workers.hardware import cpu_facts
-from workers.measure.runner import measure_candidate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from job_convergence import read_trials
-
-WARM = MeasureOptions(number=1, repeat=20, min_repeat_ms=10.0, check_correctness=False)
-FLUSHED = MeasureOptions(number=1, repeat=10, min_repeat_ms=0.0, flush_cache=True,
-                         check_correctness=False)
+from weights_cold import measure
 
 
-def latest_job(db: Path) -> tuple[int, int | None]:
-    """The newest job in ``db`` and its thread count."""
+def find_job(db: Path, job: int | None) -> tuple[int, int | None]:
+    """Job ``job`` (the newest when None) in ``db`` and its thread count."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
@@ -53,12 +47,13 @@ def latest_job(db: Path) -> tuple[int, int | None]:
     engine = make_engine(f"sqlite:///{db.resolve()}")
     try:
         with Session(engine) as session:
-            row = session.execute(select(Job.id, Job.threads).order_by(Job.id.desc())
-                                  .limit(1)).first()
+            query = select(Job.id, Job.threads)
+            query = query.where(Job.id == job) if job is not None else query
+            row = session.execute(query.order_by(Job.id.desc()).limit(1)).first()
     finally:
         engine.dispose()
     if row is None:
-        raise SystemExit(f"context_pick: no job in {db}")
+        raise SystemExit(f"context_pick: no job {job if job is not None else ''} in {db}")
     return int(row[0]), row[1]
 
 
@@ -82,24 +77,24 @@ def job_tasks(db: Path, job_id: int, top: int) -> list[dict[str, Any]]:
             for task in sorted(keys)]
 
 
-def time_both(key: str, template: str, configs: list[dict[str, Any]], threads: int,
-              rounds: int) -> list[dict[str, Any]]:
+def time_both(key: str, configs: list[dict[str, Any]], threads: int, rounds: int
+              ) -> list[dict[str, Any]]:
     """Each config's median warm and flushed ms over ``rounds`` interleaved passes."""
-    samples: list[dict[str, list[float]]] = [{"warm": [], "flushed": []} for _ in configs]
+    samples: list[dict[str, list[float]]] = [{"warm_ms": [], "flushed_ms": []} for _ in configs]
     errors: dict[int, str] = {}
     for _round in range(rounds):
         for i, config in enumerate(configs):
             if i in errors:
                 continue
-            for name, options in (("warm", WARM), ("flushed", FLUSHED)):
-                result = measure_candidate(key, template, config, "llvm", options, threads)
-                if not result.ok:
-                    errors[i] = result.error_message
-                    break
-                samples[i][name].append(statistics.median(result.costs) * 1e3)
+            row = measure(key, threads, config)
+            if "flushed_ms" not in row:
+                errors[i] = str(row.get("warm_error") or row.get("flushed_error"))
+                continue
+            for name, times in samples[i].items():
+                times.append(row[name])
     return [{"config": config, "error": errors[i]} if i in errors else
-            {"config": config, "warm_ms": round(statistics.median(samples[i]["warm"]), 4),
-             "flushed_ms": round(statistics.median(samples[i]["flushed"]), 4)}
+            {"config": config, **{name: round(statistics.median(times), 4)
+                                  for name, times in samples[i].items()}}
             for i, config in enumerate(configs)]
 
 
@@ -108,7 +103,7 @@ def pick(task: dict[str, Any], threads: int, rounds: int) -> dict[str, Any]:
     template = get_template(workload.op)
     default = template.default_config(workload).to_json()
     configs = [default, *[c for c in task["configs"] if c != default]]
-    timed = time_both(task["workload"], template.name, configs, threads, rounds)
+    timed = time_both(task["workload"], configs, threads, rounds)
     ok = [t for t in timed if "warm_ms" in t]
     row: dict[str, Any] = {"workload": task["workload"], "template": template.name,
                            "candidates": timed}
@@ -145,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.db.is_file():
         parser.error(f"no database at {args.db}")
-    job_id, job_threads = latest_job(args.db)
-    if args.job is not None:
-        job_id = args.job
+    job_id, job_threads = find_job(args.db, args.job)
     tasks = [t for t in job_tasks(args.db, job_id, args.top) if args.match in t["workload"]]
     threads = args.threads or job_threads or 1
     rows = [pick(task, threads, args.rounds) for task in tasks]

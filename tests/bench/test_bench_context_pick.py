@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import context_pick as cp
 import job_convergence as jc
+import weights_cold
 
 from schedule_templates.records import MeasureResult
 from schedule_templates.templates.base import get_template
@@ -65,7 +66,7 @@ def test_picks_by_warm_and_by_flushed_time_and_the_regret(
         cost = (flushed if options.flush_cache else warm) / 1e3
         return MeasureResult(costs=(cost, cost * 1.1))
 
-    monkeypatch.setattr(cp, "measure_candidate", fake)
+    monkeypatch.setattr(weights_cold, "measure_candidate", fake)
     row = cp.pick({"workload": KEY, "template": "dense.x86", "configs": [a, b, default]}, 1,
                   rounds=2)
     assert [c["config"] for c in row["candidates"]] == [default, a, b]  # default first, once
@@ -90,7 +91,9 @@ def test_configs_files_are_what_tuner_build_reads(tmp_path: Path) -> None:
 
 
 def test_a_small_dense_is_timed_both_ways_for_real(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cp, "WARM", dataclasses.replace(cp.WARM, repeat=2, min_repeat_ms=0.5))
-    monkeypatch.setattr(cp, "FLUSHED", dataclasses.replace(cp.FLUSHED, repeat=2))
-    (row,) = cp.time_both(KEY, "dense.x86", configs(1), 1, rounds=1)
+    monkeypatch.setattr(weights_cold, "WARM", dataclasses.replace(weights_cold.WARM, repeat=2,
+                                                                  min_repeat_ms=0.5))
+    monkeypatch.setattr(weights_cold, "FLUSHED", dataclasses.replace(weights_cold.FLUSHED,
+                                                                     repeat=2))
+    (row,) = cp.time_both(KEY, configs(1), 1, rounds=1)
     assert row["warm_ms"] > 0 and row["flushed_ms"] > 0
