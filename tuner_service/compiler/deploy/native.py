@@ -33,7 +33,13 @@ from schedule_templates.runtime import aligned_empty
 from tuner_service.compiler.deploy.concat_inplace import plan_in_place
 from tuner_service.compiler.deploy.errors import DeployError, LibraryError
 from tuner_service.compiler.deploy.fallback import FallbackStep
-from tuner_service.compiler.deploy.kernel_step import FP32, ArgKind, KernelStep, Scratch
+from tuner_service.compiler.deploy.kernel_step import (
+    FP32,
+    ArgKind,
+    BoundArg,
+    KernelStep,
+    Scratch,
+)
 from tuner_service.compiler.deploy.memory_plan import BufferRequest, plan_memory
 
 logger = logging.getLogger(__name__)
@@ -122,6 +128,12 @@ class ModelPlan:
         self.in_place = plan_in_place(steps)
         self._split(steps, shapes)
         self.externals = self._externals()
+        self.root_bytes = self._root_bytes()
+        self.data_bytes = self._data_bytes()
+        #: root -> bytes its buffer spans so that the kernels over-reading it read it in place
+        self.read_extent = self._over_reads()
+        self._zeros = aligned_empty(max([16] + [(b + 3) // 4 for b in self._slacks()]),
+                                    zero=True)
         self.memory = plan_memory(self._requests(steps))
         self.arena = aligned_empty(max(16, self.memory.arena_bytes // 4), zero=True)
         for name, step in self.producers.items():
@@ -209,9 +221,9 @@ class ModelPlan:
         for name in self.outputs:
             if name in self.roots:
                 last[self.roots[name]] = end
-        sizes = {name: step.output_elements * step.output_dtype.itemsize
-                 for name, step in self.producers.items() if self.roots[name] == name}
-        sizes.update(self.in_place.root_bytes)
+        sizes = dict(self.root_bytes)
+        for root, extent in self.read_extent.items():
+            sizes[root] = max(sizes[root], extent)
         starts: dict[str, int] = {}  # a root's first write: its own, or a placed input's
         for name, root in self.roots.items():
             if name in written:
@@ -225,6 +237,45 @@ class ModelPlan:
                                           external.elements * external.dtype.itemsize,
                                           first, max(first, last.get(external.name, first))))
         return requests
+
+    def _root_bytes(self) -> dict[str, int]:
+        sizes = {name: step.output_elements * step.output_dtype.itemsize
+                 for name, step in self.producers.items() if self.roots[name] == name}
+        sizes.update(self.in_place.root_bytes)
+        return sizes
+
+    def _data_bytes(self) -> dict[str, int]:
+        """Bytes of each root's tensor itself (a kernel's output buffer may hold slack past
+        it that the kernel writes)."""
+        sizes = {name: next((a.nbytes for a in step.args if a.kind is ArgKind.OUTPUT),
+                            step.output_elements * step.output_dtype.itemsize)
+                 for name, step in self.producers.items() if self.roots[name] == name}
+        sizes.update(self.in_place.root_bytes)
+        return sizes
+
+    def _reads_in_place(self, arg: BoundArg) -> bool:
+        """Whether a staged argument (a kernel that over-reads past the tensor's end) can read
+        its tensor in the arena instead of a copy: the tensor is all of a root buffer the plan
+        owns, whose request then grows to cover what the kernel reads past it."""
+        tensor = str(arg.tensor)
+        root = self.roots.get(tensor)
+        return (arg.kind is ArgKind.STAGED and root is not None
+                and not self.offsets_in_root.get(tensor, 0)
+                and self.data_bytes.get(root) == arg.nbytes)
+
+    def _over_reads(self) -> dict[str, int]:
+        extent: dict[str, int] = {}
+        for segment in self.segments:
+            for step in segment.kernels:
+                for arg in step.args:
+                    if self._reads_in_place(arg):
+                        assert arg.buffer is not None
+                        root = self.roots[str(arg.tensor)]
+                        extent[root] = max(extent.get(root, 0), int(arg.buffer.nbytes))
+        return extent
+
+    def _slacks(self) -> list[int]:
+        return [extent - self.data_bytes[root] for root, extent in self.read_extent.items()]
 
     def _is_alias_output(self, step: Any) -> bool:
         return bool(step.outputs) and step.outputs[0] in self.alias_shapes
@@ -258,6 +309,17 @@ class ModelPlan:
         for arg in step.args:
             if arg.kind is ArgKind.ACTIVATION:
                 args.append(self.tensor_ref(str(arg.tensor)))
+                continue
+            if arg.tensor in self.roots and self._reads_in_place(arg):
+                # read in place; what it over-reads is zeroed as the staging copy's slack was
+                assert arg.buffer is not None
+                start = self.offset_of(str(arg.tensor))
+                slack = int(arg.buffer.nbytes) - arg.nbytes
+                if slack:
+                    records.append(Record(Kind.COPY, (Ref(Region.WEIGHTS, 0, self._zeros),
+                                                      Ref(Region.ARENA, start + arg.nbytes)),
+                                          slack))
+                args.append(Ref(Region.ARENA, start))
                 continue
             assert arg.buffer is not None
             if arg.kind is ArgKind.OUTPUT:
