@@ -16,6 +16,7 @@ from tests.deploy.conftest import assert_close, make_model, onnxruntime_outputs
 from tuner_service.cli.main import main
 from tuner_service.compiler.deploy.configs import ConfigBook
 from tuner_service.compiler.deploy.executor import ModelRunner
+from tuner_service.compiler.deploy.kernel_step import ArgKind, KernelStep
 from tuner_service.compiler.deploy.library import build_library
 from tuner_service.compiler.deploy.loader import KernelLibrary
 from tuner_service.compiler.deploy.memory_plan import BufferRequest, check_plan, plan_memory
@@ -286,3 +287,6 @@ def test_kernels_that_over_read_read_their_inputs_in_place(tmp_path: Path) -> No
         native = runner.run(feeds)
         assert_same(native, runner.run(feeds, native=False))
         assert_close(native, onnxruntime_outputs(model, feeds), rtol=1e-5)
+    staging = [a.buffer for s in runner.steps if isinstance(s, KernelStep) for a in s.args
+               if a.kind is ArgKind.STAGED and a.tensor in plan.roots]
+    assert staging and not any(b.any() for b in staging)  # the step path read in place too

@@ -120,6 +120,8 @@ class KernelStep:
         self._function = kernel.function
         self._pointers = [0 if a.buffer is None else a.buffer.ctypes.data for a in args]
         self._dynamic = [(i, a) for i, a in enumerate(args) if a.kind in _READS]
+        #: staged positions read in place: (the planned tensor's address, its slack past it)
+        self._in_place: dict[int, tuple[int, np.ndarray]] = {}
         (self._out_position,) = [i for i, a in enumerate(args) if a.kind is ArgKind.OUTPUT]
         self._output_shape = output_shape
         self._output = self._output_view()
@@ -157,6 +159,12 @@ class KernelStep:
         self._pointers[self._out_position] = buffer.ctypes.data
         self._output = self._output_view()
 
+    def read_in_place(self, position: int, tensor: np.ndarray, slack: np.ndarray) -> None:
+        """Read staged argument ``position`` from ``tensor`` (a planned buffer followed by
+        ``slack``, what the kernel over-reads) instead of copying it: ``slack`` is zeroed before
+        each call, as the copy's was. The step path mirrors the native program this way."""
+        self._in_place[position] = (int(tensor.ctypes.data), slack)
+
     def _output_view(self) -> np.ndarray:
         arg = self.args[self._out_position]
         assert arg.buffer is not None
@@ -167,8 +175,11 @@ class KernelStep:
         for position, arg in self._dynamic:
             value = env[str(arg.tensor)]
             if arg.buffer is not None:  # the kernel over-reads: copy into a buffer with slack
-                arg.buffer[:arg.size] = value.reshape(-1)
-                continue
+                address, slack = self._in_place.get(position, (-1, arg.buffer))
+                if value.ctypes.data != address:
+                    arg.buffer[:arg.size] = value.reshape(-1)
+                    continue
+                slack.fill(0)  # the planned tensor itself, its slack cleared
             if value.dtype != arg.dtype or not value.flags.c_contiguous:
                 value = np.ascontiguousarray(value, dtype=arg.dtype)
                 env[str(arg.tensor)] = value  # keep it alive for the call (and reuse it later)

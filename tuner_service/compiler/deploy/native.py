@@ -142,6 +142,8 @@ class ModelPlan:
         self.views = {tensor: self._view(tensor) for tensor in self.roots}
         for segment in self.segments:
             segment.records = [r for step in segment.kernels for r in self._records(step)]
+            for step in segment.kernels:
+                self._bind_in_place(step)
 
     # -- segments and aliases --------------------------------------------------------------
 
@@ -334,6 +336,16 @@ class ModelPlan:
             args.append(ref)
         records.append(Record(Kind.CALL, tuple(args), step.threads, step))
         return records
+
+    def _bind_in_place(self, step: KernelStep) -> None:
+        """The step path reads what the program reads in place the same way."""
+        raw = self.arena.view(np.uint8)
+        for position, arg in enumerate(step.args):
+            if arg.tensor in self.roots and self._reads_in_place(arg):
+                assert arg.buffer is not None
+                start = self.offset_of(str(arg.tensor))
+                step.read_in_place(position, raw[start:],
+                                   raw[start + arg.nbytes:start + int(arg.buffer.nbytes)])
 
     def python_steps(self) -> list[Any]:
         return [step for segment in self.segments for step in segment.steps]
