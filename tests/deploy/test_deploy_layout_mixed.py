@@ -22,6 +22,7 @@ from tuner_service.compiler.deploy.executor import ModelRunner
 from tuner_service.compiler.deploy.generated_step import GeneratedStep
 from tuner_service.compiler.deploy.layout_choice import build_with_layout
 from tuner_service.compiler.deploy.layout_mixed import (
+    FALLBACK_TRANSFORM_S,
     LayerTimes,
     candidates,
     layer_times,
@@ -98,7 +99,9 @@ def test_the_transform_rate_weighs_each_transform_by_its_size() -> None:
     big, small = ToBlocked((1, 3, 224, 224), 16), FromBlocked((1, 2048, 1, 1), 16)
     rate = transform_rate([(step(big), 2e-4), (step(small), 4e-6), (object(), 1.0)])
     assert rate == pytest.approx(2.04e-4 / (16 * 224 * 224 + 2048))
-    assert transform_rate([]) > 0
+    assert transform_rate([]) == FALLBACK_TRANSFORM_S
+    # one small transform: its time is mostly the profile's per-step cost, not a rate
+    assert transform_rate([(step(small), 4e-6)]) == FALLBACK_TRANSFORM_S
 
 
 def test_layer_times_pair_each_blocked_layer_with_its_plain_twin(tmp_path: Path) -> None:
