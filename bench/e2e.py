@@ -3,8 +3,8 @@ and with tuned configs, onnxruntime, OpenVINO (fp32) and PyTorch eager, at each 
 in one run; plus the tuning budget each model used.
 
     python bench/e2e.py [--models resnet18,squeezenet1_1,...] [--threads 1,2] [--trials 32]
-                        [--tune | --no-tune] [--retune] [--iterations 10] [--json]
-                        [--write-docs [docs/e2e.md]]
+                        [--tune | --no-tune] [--retune] [--iterations 10] [--paired 15]
+                        [--json] [--write-docs [docs/e2e.md]]
 
 First every model is tuned (``bench/e2e_tune.py``: a real ``tuner tune`` job with xgb-transfer
 on a database shared across the models, cached per model, thread count and CPU class, so a
@@ -12,7 +12,9 @@ rerun only measures). Then each engine runs each model in a fresh process at the
 ours through ``tuner run --check`` (latency, relative error against onnxruntime, step counts),
 the peers through ``bench/zoo_peer.py``, PyTorch through ``bench/e2e_run.py`` (samples) or
 ``bench/zoo_torch.py`` (zoo, in .venv-zoo). Ratios are against the faster of onnxruntime and
-OpenVINO, with geometric means per thread count. The report carries the load average: numbers
+OpenVINO, with geometric means per thread count; with ``--paired ROUNDS`` they come from our
+builds and the peers run in turn in one process (``bench/paired.py``), the milliseconds still
+from the fresh processes. The report carries the load average: numbers
 taken on a busy machine are noisy.
 """
 
@@ -84,8 +86,34 @@ def measure_row(model: BenchModel, threads: int, tuning: dict[str, Any], default
     for peer in PEERS:
         engines[peer] = run_peer(peer, path, threads, iterations)
     engines["torch"] = run_torch(model, threads, iterations, args.zoo_python)
-    return {"model": model.name, "kind": model.kind, "threads": threads, "engines": engines,
-            "ratios": ratios(engines), "tuning": tuning, "libraries": libraries}
+    row = {"model": model.name, "kind": model.kind, "threads": threads, "engines": engines,
+           "ratios": ratios(engines), "tuning": tuning, "libraries": libraries}
+    if args.paired:
+        libs = {"default": default_lib, "tuned": tmp / f"tuned-t{threads}"}
+        ours = {k: v for k, v in libs.items() if "ms" in engines.get(k, {})}
+        row["paired"] = run_paired(path, ours, threads, args.paired)
+        if "error" not in row["paired"]:
+            row["ratios"] = ratios({k: {"ms": ms} for k, ms in row["paired"].items()
+                                    if k != "rounds"})
+            row["ratio_source"] = "paired"
+    return row
+
+
+def run_paired(path: str, ours: dict[str, Path], threads: int, rounds: int
+               ) -> dict[str, Any]:
+    """Median ms of our libraries and the peers run in turn in one process
+    (``bench/paired.py``): ratios that hold while the machine's speed changes under the run,
+    which separate fresh processes do not (2-4% between them here, 20% once)."""
+    engines = [str(lib) for lib in ours.values()] + list(PEERS)
+    data, error, _ = call([sys.executable, str(HERE / "paired.py"), path, *engines,
+                           "--threads", str(threads), "--rounds", str(rounds)], "peer")
+    if data is None or "error" in data:
+        return {"error": error or (data or {}).get("error", "failed")}
+    names = {str(lib): name for name, lib in ours.items()}
+    out: dict[str, Any] = {names.get(e["engine"], e["engine"]): e["median_ms"]
+                           for e in data["engines"]}
+    out["rounds"] = rounds
+    return out
 
 
 def model_rows(model: BenchModel, tunings: dict[int, dict[str, Any]],
@@ -167,6 +195,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="fresh tuning databases, cached configs ignored (everything "
                         "requested is tuned again)")
     parser.add_argument("--iterations", type=int, default=10, help="runs per measurement")
+    parser.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                        help="also run our builds and the peers in turn in one process for "
+                             "ROUNDS rounds (bench/paired.py) and take the ratios from that")
     parser.add_argument("--int8", action="store_true",
                         help="also time each model quantized by onnxruntime's quantize_static "
                              "(QDQ): ours (default configs), onnxruntime and OpenVINO int8")
@@ -192,6 +223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown models {', '.join(unknown)}; choose from {', '.join(ALL_MODELS)}")
     if not 1 <= args.trials <= MAX_TRIALS:
         parser.error(f"--trials must be within 1..{MAX_TRIALS} (the issue's budget)")
+    if args.paired < 0:
+        parser.error("--paired takes a number of rounds (0: off)")
     if args.iterations < 1 or not args.threads or min(args.threads) < 1:
         parser.error("--iterations and every --threads count must be at least 1")
     return args

@@ -105,15 +105,28 @@ def _budget(row: dict[str, Any]) -> str:
     return f"{tuning['trials']} / {tuning['wall_s']:.0f}"
 
 
+def _paired(row: dict[str, Any]) -> str:
+    """The one-process medians the ratios came from: default / tuned / ORT / OpenVINO."""
+    paired = row.get("paired") or {}
+    if "error" in paired:
+        return "err"
+    return " / ".join(_fmt(paired.get(k), 1) or "-" for k in ("default", "tuned", *PEERS)) \
+        if paired else ""
+
+
 def table(rows: list[dict[str, Any]], threads: int) -> list[str]:
+    picked = [r for r in rows if r["threads"] == threads]
+    with_paired = any("paired" in r for r in picked)
     head = ["model", "default ms", "tuned ms", "ORT ms", "OpenVINO ms", "PyTorch ms",
+            *(["paired ms: default / tuned / ORT / OpenVINO"] if with_paired else []),
             "tuned vs best peer", "default vs best peer", "default vs ORT", "max rel err",
             "steps (tuned run)", "tuning trials / s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in (r for r in rows if r["threads"] == threads):
+    for row in picked:
         e, r = row["engines"], row["ratios"]
         cells = [row["model"], *(fmt_ms(e.get(k)) for k in
                                  ("default", "tuned", "onnxruntime", "openvino", "torch")),
+                 *([_paired(row)] if with_paired else []),
                  _fmt(r["tuned_vs_best"]), _fmt(r["default_vs_best"]),
                  _fmt(r["default_vs_onnxruntime"]), _error(row), _steps(row), _budget(row)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -142,6 +155,9 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
             rel, limit = result.get("max_rel_error"), MAX_REL_ERROR[precision(row)]
             if rel is not None and limit is not None and rel > limit:
                 lines.append(f"- {name}: {engine} relative error {rel:.1e} above {limit:g}")
+        if "error" in (row.get("paired") or {}):
+            lines.append(f"- {name}: the paired run failed (ratios from the fresh processes): "
+                         f"`{row['paired']['error']}`")
         if "error" in (row.get("tuning") or {}):
             lines.append(f"- {name}: tuning failed: `{row['tuning']['error']}`")
     return lines or ["- none"]
@@ -163,7 +179,10 @@ and Problems says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLIC
 `tuner_service/compiler/deploy/loader.py`). Rows named `MODEL-int8` (`--int8`) run the model
 quantized by onnxruntime's `quantize_static` (QDQ) in every engine; rows named `MODEL-bf16`
 (`--bf16`) are our `--precision bf16` build against onnxruntime fp32 and OpenVINO in bf16
-(target error 1e-2). The summary keeps each precision apart.
+(target error 1e-2). The summary keeps each precision apart. With `--paired ROUNDS`, a row's
+ratios come from its "paired ms" column instead: our builds and both peers run in turn in one
+process for ROUNDS rounds (`bench/paired.py`), so a change of the machine's speed during the run
+moves them all alike.
 
 {host}
 {load_note}

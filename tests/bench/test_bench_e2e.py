@@ -82,8 +82,42 @@ def test_markdown_has_a_table_per_thread_count_and_lists_problems(tmp_path: Path
     assert "24 / 16" in text
 
 
+def test_paired_medians_name_our_libraries_and_set_the_ratios(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_call(command: list[str], stage: str) -> tuple[dict[str, Any], str, float]:
+        seen.append(command)
+        engines = command[3:command.index("--threads")]
+        ms = dict(zip(engines, (9.0, 8.0, 10.0, 12.0), strict=False))
+        return {"engines": [{"engine": e, "median_ms": ms[e]} for e in engines]}, "", 1.0
+
+    monkeypatch.setattr(e2e, "call", fake_call)
+    ours = {"default": tmp_path / "default", "tuned": tmp_path / "tuned-t2"}
+    paired = e2e.run_paired("m.onnx", ours, 2, 7)
+    assert seen[0][-4:] == ["--threads", "2", "--rounds", "7"]
+    assert paired == {"default": 9.0, "tuned": 8.0, "onnxruntime": 10.0, "openvino": 12.0,
+                      "rounds": 7}
+    # the fresh processes said otherwise (a busy moment): the row's ratios are the paired ones
+    row = _row("m", "zoo", 2, default=20.0, tuned=8.5, onnxruntime=9.0, openvino=11.0)
+    row["paired"] = paired
+    row["ratios"] = e2e_report.ratios({k: {"ms": v} for k, v in paired.items()
+                                       if k != "rounds"})
+    assert row["ratios"]["default_vs_best"] == pytest.approx(10.0 / 9.0)
+    assert "| 9.0 / 8.0 / 10.0 / 12.0 | 1.25 | 1.11 |" in "\n".join(e2e_report.table([row], 2))
+
+    def failing(command: list[str], stage: str) -> tuple[None, str, float]:
+        return None, "openvino: no such module", 0.1
+
+    monkeypatch.setattr(e2e, "call", failing)
+    row["paired"] = e2e.run_paired("m.onnx", ours, 2, 7)
+    assert row["paired"] == {"error": "openvino: no such module"}
+    assert any("paired run failed" in line for line in e2e_report.problems([row]))
+
+
 @pytest.mark.parametrize("argv", [["--trials", "33"], ["--trials", "0"], ["--models", "nope"],
-                                  ["--threads", "1,x"], ["--iterations", "0"]])
+                                  ["--threads", "1,x"], ["--iterations", "0"],
+                                  ["--paired", "-1"]])
 def test_bad_arguments_are_refused_with_a_message(argv: list[str],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
