@@ -132,8 +132,8 @@ class ModelPlan:
         self.data_bytes = self._data_bytes()
         #: root -> bytes its buffer spans so that the kernels over-reading it read it in place
         self.read_extent = self._over_reads()
-        self._zeros = aligned_empty(max([16] + [(b + 3) // 4 for b in self._slacks()]),
-                                    zero=True)
+        slacks = [extent - self.data_bytes[root] for root, extent in self.read_extent.items()]
+        self._zeros = aligned_empty(max([16] + [(b + 3) // 4 for b in slacks]), zero=True)
         self.memory = plan_memory(self._requests(steps))
         self.arena = aligned_empty(max(16, self.memory.arena_bytes // 4), zero=True)
         for name, step in self.producers.items():
@@ -276,9 +276,6 @@ class ModelPlan:
                         extent[root] = max(extent.get(root, 0), int(arg.buffer.nbytes))
         return extent
 
-    def _slacks(self) -> list[int]:
-        return [extent - self.data_bytes[root] for root, extent in self.read_extent.items()]
-
     def _is_alias_output(self, step: Any) -> bool:
         return bool(step.outputs) and step.outputs[0] in self.alias_shapes
 
@@ -312,15 +309,12 @@ class ModelPlan:
             if arg.kind is ArgKind.ACTIVATION:
                 args.append(self.tensor_ref(str(arg.tensor)))
                 continue
-            if arg.tensor in self.roots and self._reads_in_place(arg):
-                # read in place; what it over-reads is zeroed as the staging copy's slack was
-                assert arg.buffer is not None
-                start = self.offset_of(str(arg.tensor))
-                slack = int(arg.buffer.nbytes) - arg.nbytes
-                if slack:
+            span = self._in_place_span(arg)
+            if span is not None:  # read in place, what it over-reads zeroed as the copy's was
+                start, end, read_end = span
+                if read_end > end:
                     records.append(Record(Kind.COPY, (Ref(Region.WEIGHTS, 0, self._zeros),
-                                                      Ref(Region.ARENA, start + arg.nbytes)),
-                                          slack))
+                                                      Ref(Region.ARENA, end)), read_end - end))
                 args.append(Ref(Region.ARENA, start))
                 continue
             assert arg.buffer is not None
@@ -337,15 +331,23 @@ class ModelPlan:
         records.append(Record(Kind.CALL, tuple(args), step.threads, step))
         return records
 
+    def _in_place_span(self, arg: BoundArg) -> tuple[int, int, int] | None:
+        """Arena offsets of a tensor read in place: its start, its end, the end of what the
+        kernel reads."""
+        if not self._reads_in_place(arg):
+            return None
+        assert arg.buffer is not None
+        start = self.offset_of(str(arg.tensor))
+        return start, start + arg.nbytes, start + int(arg.buffer.nbytes)
+
     def _bind_in_place(self, step: KernelStep) -> None:
         """The step path reads what the program reads in place the same way."""
         raw = self.arena.view(np.uint8)
         for position, arg in enumerate(step.args):
-            if arg.tensor in self.roots and self._reads_in_place(arg):
-                assert arg.buffer is not None
-                start = self.offset_of(str(arg.tensor))
-                step.read_in_place(position, raw[start:],
-                                   raw[start + arg.nbytes:start + int(arg.buffer.nbytes)])
+            span = self._in_place_span(arg)
+            if span is not None:
+                start, end, read_end = span
+                step.read_in_place(position, raw[start:end], raw[end:read_end])
 
     def python_steps(self) -> list[Any]:
         return [step for segment in self.segments for step in segment.steps]
