@@ -46,7 +46,8 @@ from tuner_service.compiler.deploy.kernel_step import (
 from tuner_service.compiler.deploy.layout import apply_layout
 from tuner_service.compiler.deploy.library import generated_layer_json, layer_json
 from tuner_service.compiler.deploy.loader import KernelLibrary, LoadedGenerated
-from tuner_service.compiler.deploy.native import ModelPlan, NativeError, NativeProgram
+from tuner_service.compiler.deploy.native import ModelPlan, NativeError
+from tuner_service.compiler.deploy.native_program import NativeProgram
 from tuner_service.compiler.deploy.node import NodeInfo, OpFn
 from tuner_service.compiler.deploy.ops_image import IMAGE_OPS
 from tuner_service.compiler.deploy.ops_misc import MISC_OPS
