@@ -89,7 +89,7 @@ def measure_row(model: BenchModel, threads: int, tuning: dict[str, Any], default
     row = {"model": model.name, "kind": model.kind, "threads": threads, "engines": engines,
            "ratios": ratios(engines), "tuning": tuning, "libraries": libraries}
     if args.paired:
-        libs = {"default": default_lib, "tuned": tmp / f"tuned-t{threads}"}
+        libs = {"default": default_lib, "tuned": tmp / f"tuned-t{threads}"}  # as built above
         ours = {k: v for k, v in libs.items() if "ms" in engines.get(k, {})}
         row["paired"] = run_paired(path, ours, threads, args.paired)
         if "error" not in row["paired"]:

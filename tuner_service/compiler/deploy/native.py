@@ -123,8 +123,7 @@ class ModelPlan:
         self.in_place = plan_in_place(steps)
         self._split(steps, shapes)
         self.externals = self._externals()
-        self.root_bytes = self._root_bytes()
-        self.data_bytes = self._data_bytes()
+        self.root_bytes, self.data_bytes = self._root_sizes()
         #: root -> bytes its buffer spans so that the kernels over-reading it read it in place
         self.read_extent = self._over_reads()
         slacks = [extent - self.data_bytes[root] for root, extent in self.read_extent.items()]
@@ -235,20 +234,19 @@ class ModelPlan:
                                           first, max(first, last.get(external.name, first))))
         return requests
 
-    def _root_bytes(self) -> dict[str, int]:
-        sizes = {name: step.output_elements * step.output_dtype.itemsize
-                 for name, step in self.producers.items() if self.roots[name] == name}
-        sizes.update(self.in_place.root_bytes)
-        return sizes
-
-    def _data_bytes(self) -> dict[str, int]:
-        """Bytes of each root's tensor itself (a kernel's output buffer may hold slack past
-        it that the kernel writes)."""
-        sizes = {name: next((a.nbytes for a in step.args if a.kind is ArgKind.OUTPUT),
-                            step.output_elements * step.output_dtype.itemsize)
-                 for name, step in self.producers.items() if self.roots[name] == name}
-        sizes.update(self.in_place.root_bytes)
-        return sizes
+    def _root_sizes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Bytes of each root's buffer, and of its tensor itself (a kernel's output buffer may
+        hold slack past the tensor that the kernel writes)."""
+        buffers: dict[str, int] = {}
+        tensors: dict[str, int] = {}
+        for name, step in self.producers.items():
+            if self.roots[name] == name:
+                buffers[name] = step.output_elements * step.output_dtype.itemsize
+                tensors[name] = next((a.nbytes for a in step.args if a.kind is ArgKind.OUTPUT),
+                                     buffers[name])
+        buffers.update(self.in_place.root_bytes)  # a concat's buffer: its inputs' bytes
+        tensors.update(self.in_place.root_bytes)
+        return buffers, tensors
 
     def _reads_in_place(self, arg: BoundArg) -> bool:
         """Whether a staged argument (a kernel that over-reads past the tensor's end) can read
