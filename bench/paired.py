@@ -6,7 +6,8 @@ that hold on a machine whose speed changes under it.
 An ENGINE is a library directory of ``tuner build`` (``DIR@T`` runs it at T threads instead),
 ``onnxruntime``, ``openvino`` (fp32) or ``openvino-bf16``, as ``bench/zoo_peer.py`` makes
 them. After a warm-up,
-each round runs every engine once, in the order given; each run is paired with the first
+each round runs every engine once, in the order given rotated by one a round (so each engine
+follows each other as often); each run is paired with the first
 engine's run of the same round, so a change of the machine's speed between rounds (these VMs
 switch between phases about 2x apart, within a process too) hits both sides of a ratio alike.
 Prints JSON: per engine the median, 25th percentile and fastest run, and the median over rounds
@@ -73,16 +74,20 @@ def engine_fn(engine: str, model: Path, threads: int) -> Callable[[], Any]:
 
 
 def paired(fns: list[Callable[[], Any]], rounds: int, warmup: int = 3) -> list[list[float]]:
-    """Milliseconds of each function's run in each round, the functions run in turn."""
+    """Milliseconds of each function's run in each round, the functions run in turn, each
+    round starting one further along the list: a run right after another engine's finds the
+    caches holding that engine's data, so a fixed order charged the first engine for it (2-3%
+    either way between two builds of int8 ResNet-50, AMX Xeon, session 22)."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, column in zip(fns, times, strict=True):
+    for round_ in range(rounds):
+        for turn in range(len(fns)):
+            index = (round_ + turn) % len(fns)
             start = time.perf_counter()
-            fn()
-            column.append((time.perf_counter() - start) * 1e3)
+            fns[index]()
+            times[index].append((time.perf_counter() - start) * 1e3)
     return times
 
 

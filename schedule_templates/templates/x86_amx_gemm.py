@@ -20,7 +20,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from schedule_templates.ir.nodes import (
     Scope,
     Stmt,
     Var,
+    binop,
     cast,
     loop,
 )
@@ -95,7 +97,7 @@ def amx_blocking_rows(M: int) -> int:
     return -(-M // unit) * unit
 
 
-def amx_blocking(cfg: Config, M: int, N: int) -> AmxBlocking:
+def amx_blocking(cfg: Config | Mapping[str, Any], M: int, N: int) -> AmxBlocking:
     rows = 1 if M <= TILE_ROWS else 2
     unit_m = TILE_ROWS * rows
     m_units, n_units = -(-M // unit_m), -(-N // BLOCK_COLS)
@@ -172,9 +174,11 @@ def pack_row_tiles(words: np.ndarray, rows: int) -> np.ndarray:
 
 
 def amx_nest(plan: AmxBlocking, ops: TileOperands, acc_dtype: str, finish: Finish,
-             rows: int, row_hint: RowHint | None = None) -> Stmt:
+             rows: int, row_hint: RowHint | None = None,
+             keep: Callable[[Expr], Expr] | None = None) -> Stmt:
     """The blocked nest over ``plan.M`` x ``plan.N``; ``finish`` stores each sum of the rows
-    below ``rows``, after ``row_hint``'s statements for that row (prefetches) if given."""
+    below ``rows`` (and, with ``keep``, of those for which it holds), after ``row_hint``'s
+    statements for that row (prefetches) if given."""
     mo, no = plan.M // plan.block_m, plan.N // plan.block_n
     blocks, (jo, io) = block_loops(plan.parallel, plan.outer_order, mo, no)
     ti, ti_loop = loop("amx_m", plan.block_m // plan.tile_m)
@@ -191,8 +195,11 @@ def amx_nest(plan: AmxBlocking, ops: TileOperands, acc_dtype: str, finish: Finis
     j, j_loop = loop("amx_j", BLOCK_COLS, LoopKind.VECTORIZE)
     body: list[Stmt] = [*(row_hint(m0 + r, n0) if row_hint is not None else ()),
                         j_loop(finish(acc[r, j], m0 + r, n0 + j))]
-    if rows < plan.M:
-        body = [IfThen(m0 + r < rows, tuple(body))]
+    kept = [*(() if rows >= plan.M else (m0 + r < rows,)),
+            *(() if keep is None else (keep(m0 + r),))]
+    if kept:
+        condition = kept[0] if len(kept) == 1 else binop("and", kept[0], kept[1])
+        body = [IfThen(condition, tuple(body))]
     tile = Allocate(acc, (product, r_loop(*body)))
     inner = ti_loop(tj_loop(tile)) if plan.inner_order == "mn" else tj_loop(ti_loop(tile))
     return blocks(inner)

@@ -29,7 +29,8 @@ the signed weights as the tile rows and 16 pixels' channel words of one reductio
 tile of the other operand (a phase plane apart), so the orientation and the output stage stay
 these; the columns are rounded to whole 32-pixel register blocks instead (``TileGeometry``).
 One group of fewer channels (an RGB stem) takes tiles too, through a plane per reduction word
-(``x86_expanded``, version 3).
+(``x86_expanded``, version 3). Channels-last layers take tiles the other way round, the
+activations as the tile rows (``x86_amx_channels_last``, version 4).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from schedule_templates.ir.nodes import (
     Kernel,
     Scope,
     Stmt,
+    loop,
     prefetch,
     store,
 )
@@ -59,6 +61,18 @@ from schedule_templates.templates.requantize import (
     requantized,
     requantized_int,
 )
+from schedule_templates.templates.x86_amx_channels_last import (
+    TileMap,
+    on_tiles,
+    tiles_nest,
+)
+from schedule_templates.templates.x86_amx_channels_last import (
+    blocking as channels_last_blocking,
+)
+from schedule_templates.templates.x86_amx_channels_last import (
+    pack_weights as pack_channels_last_tiles,
+)
+from schedule_templates.templates.x86_amx_gemm import TILE_COLS
 from schedule_templates.templates.x86_channels_last import ChannelsLast
 from schedule_templates.templates.x86_depthwise_int8 import (
     depthwise_default,
@@ -114,8 +128,10 @@ class Conv2dInt8X86(Template):
     target_kind = "llvm"
     #: 3: on AMX hosts one group of fewer than 64 channels runs on tiles through expanded
     #: planes (``x86_expanded``), with other arguments and workspaces than version 2's vector
-    #: kernel for the same config, so a library or a record of version 2 must not stand for it
-    version = 3
+    #: kernel for the same config, so a library or a record of version 2 must not stand for it;
+    #: 4: on AMX hosts channels-last layers run on tiles (``x86_amx_channels_last``), where
+    #: version 3 ran the same configs as vector pixel rows
+    version = 4
 
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
@@ -155,9 +171,15 @@ class Conv2dInt8X86(Template):
         pk = tile is not None
         width = tile[1] if tile is not None else 0
         nhwc_in = (ChannelsLast(wl, inst.per_word) if wl.in_layout == "nhwc" else None)
+        cl_tiles = TileMap(wl) if _channels_last_tiles(wl) else None
         data = (nhwc_in.data_buffer() if nhwc_in is not None
                 else Buffer("data", (wl.N, wl.C, wl.H, wl.W), dtype="uint8"))
-        if plan is not None:
+        if cl_tiles is not None:
+            cl_plan = channels_last_blocking(config, cl_tiles)
+            data = cl_tiles.data_buffer(cl_plan)
+            weight = Buffer("weight_packed", (cl_plan.N // TILE_COLS, geo.words, TILE_COLS),
+                            dtype="int32")
+        elif plan is not None:
             weight = x86_amx_gemm.weight_tiles(wl.groups, plan.M, words)
         elif pk:
             weight = Buffer("weight_packed", (wl.groups, kg // width, geo.words, width),
@@ -191,6 +213,16 @@ class Conv2dInt8X86(Template):
             """Output channel k's element at (row, column) of image n, in ``layout``."""
             return (n, at[0], at[1], k) if layout == "nhwc" else (n, k, at[0], at[1])
 
+        if cl_tiles is not None:
+            image, images = loop("img", wl.N)
+            n: Expr = image  # the image ``output_index`` stores into
+
+            def store_tile(acc: Expr, k: Expr, at: tuple[Expr, Expr]) -> Stmt:
+                return store(out[output_index(k, at)], output(acc, k, at))
+
+            stmts, spaces = tiles_nest(config, cl_tiles, data, weight, taps, data_zp[0], n,
+                                       store_tile)
+            return Kernel("conv2d_int8_amx", params, tuple(spaces), (images(*stmts),))
         frame = image_groups(geo, config)
         tiles = Buffer("tiles", (frame.slots, kg, columns), Scope.WORKSPACE, OUT_DTYPES[wl.out])
         partial = None if plan is not None else partial_buffer(config, kg, geo.columns, inst)
@@ -263,6 +295,8 @@ class Conv2dInt8X86(Template):
         args = {
             "data": _packed_data(wl, geo, typed(inputs, "data", np.uint8)),
             **({"weight_taps": weight.reshape(wl.K, -1).astype(np.int32)} if is_depthwise(wl)
+               else {"weight_packed": pack_channels_last_tiles(wl, config, weight),
+                     "tap_offsets": TileMap(wl).tap_offsets()} if _channels_last_tiles(wl)
                else {"weight_packed": _pack_weights(wl, geo, weight, config),
                      "tap_offsets": (ChannelsLast(wl, geo.inst.per_word).tap_offsets()
                                      if wl.in_layout == "nhwc" else geo.gemm_offsets())}),
@@ -301,6 +335,12 @@ def _packed_data(wl: Conv2dInt8, geo: Geometry, data: np.ndarray) -> np.ndarray:
     if wl.in_layout != "nhwc" or geo.inst.per_word != 4:
         return data
     return np.ascontiguousarray(data).reshape(-1).view(np.int32)
+
+
+def _channels_last_tiles(wl: Conv2dInt8) -> bool:
+    """Whether a channels-last layer runs on AMX tiles here (``x86_amx_channels_last``)."""
+    return (x86_dot_gemm.int8_instruction() is VNNI and not is_depthwise(wl)
+            and on_tiles(wl) and x86_amx_gemm.host_amx("tdpbusd"))
 
 
 def _geometry(wl: Conv2dInt8) -> Geometry:

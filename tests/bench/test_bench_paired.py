@@ -31,12 +31,14 @@ def _graph() -> onnx.ModelProto:
     return make_model(nodes, {"x": (1, 3, 24, 24)}, {"y": (1, 8, 24, 24)}, weights)
 
 
-def test_rounds_run_every_engine_in_turn() -> None:
+def test_rounds_run_every_engine_in_turn_starting_one_further_each_round() -> None:
     calls: list[str] = []
-    times = paired.paired([lambda: calls.append("a"), lambda: calls.append("b")], rounds=3,
-                          warmup=1)
-    assert calls == ["a", "b"] + ["a", "b"] * 3  # one warm-up run each, then the rounds
-    assert [len(column) for column in times] == [3, 3]
+    fns = [lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")]
+    times = paired.paired(fns, rounds=4, warmup=1)
+    # one warm-up run each, then the rounds, each engine following each other as often
+    warmup = ["a", "b", "c"]
+    assert calls == [*warmup, "a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert [len(column) for column in times] == [4, 4, 4]
 
 
 def test_ratios_pair_runs_of_the_same_round() -> None:

@@ -66,9 +66,10 @@ def test_channels_last_space_holds_pixel_rows_only():
                for i in plain_space.sample(64, np.random.default_rng(0)))
 
 
-def test_channels_last_layers_never_take_tiles(monkeypatch):
-    """Tiles read NCHW phase planes: on an AMX host a channels-last layer keeps its vector
-    pixel rows (the build plans channels-last only on hosts without tiles)."""
+def test_channels_last_layers_never_take_the_nchw_tiles(monkeypatch):
+    """The NCHW tile kernel reads phase planes: on an AMX host a channels-last layer takes
+    its own tile kernel (``x86_amx_channels_last``, tested in ``test_amx_channels_last``) or
+    the vector pixel rows."""
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     laid = parse_workload("conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=1,S=1,in_layout=nhwc")
     assert not isinstance(_geometry(laid), TileGeometry)

@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 
 from schedule_templates.codegen.llvm_jit import host_vector_lanes
-from schedule_templates.templates import x86_amx_gemm, x86_dot_gemm
+from schedule_templates.templates import x86_dot_gemm
 from tuner_service.compiler.deploy.errors import BuildError, LibraryError
 from tuner_service.compiler.frontend.fusion import Layer
 from tuner_service.compiler.frontend.generated_context import GeneratedLayer
@@ -61,11 +61,10 @@ def layout_entry(mode: str, block: int | None = None, plain: Collection[str] = (
 
 def int8_channels_last(proto: onnx.ModelProto) -> bool:
     """Whether a blocked plan of ``proto`` built here keeps int8 activations channels-last:
-    the model has int8 layers and this host multiplies them with VNNI vectors (its pixel-row
-    kernels store channels-last registers whole); with AMX tiles, whose kernels read NCHW
-    phase planes, it does not."""
+    the model has int8 layers and this host multiplies them with VNNI (its pixel-row kernels
+    store channels-last registers whole; on AMX tiles a pixel's channels are a tile row,
+    ``x86_amx_channels_last``)."""
     return (x86_dot_gemm.int8_instruction() is x86_dot_gemm.VNNI
-            and not x86_amx_gemm.host_amx("tdpbsud")
             and any(node.domain == INT8_DOMAIN for node in proto.graph.node))
 
 
