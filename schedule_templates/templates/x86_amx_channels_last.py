@@ -41,6 +41,7 @@ from schedule_templates.templates import x86_amx_gemm
 from schedule_templates.templates.choose import LANES
 from schedule_templates.templates.x86_amx_gemm import TILE_K, TILE_WORDS, AmxBlocking
 from schedule_templates.templates.x86_dense_int8 import pack_amx_panels
+from schedule_templates.templates.x86_int8_phases import StridePhases
 from schedule_templates.templates.x86_int8_stages import vector_walk
 from schedule_templates.workloads import Conv2dInt8
 
@@ -56,7 +57,7 @@ def on_tiles(wl: Conv2dInt8) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class TileMap:
+class TileMap(StridePhases):
     """Where the tile rows lie: the phases of the padded input, as words."""
 
     wl: Conv2dInt8
@@ -70,20 +71,6 @@ class TileMap:
         """Whether the tiles read a copy (padding, a stride, an NCHW input), not the input."""
         wl = self.wl
         return any(wl.pad) or wl.stride != (1, 1) or wl.in_layout != "nhwc"
-
-    @property
-    def phases(self) -> int:
-        return self.wl.stride[0] * self.wl.stride[1]
-
-    @property
-    def phase_h(self) -> int:
-        top, _, bottom, _ = self.wl.pad
-        return -(-(self.wl.H + top + bottom) // self.wl.stride[0])
-
-    @property
-    def phase_w(self) -> int:
-        _, left, _, right = self.wl.pad
-        return -(-(self.wl.W + left + right) // self.wl.stride[1])
 
     @property
     def rows(self) -> int:
@@ -141,14 +128,6 @@ class TileMap:
         if self.wl.in_layout == "nhwc":
             return self._words_stage(data, zero_point, mapped, n)
         return self._gather_stage(data, zero_point, mapped, n)
-
-    def used_phases(self) -> list[int]:
-        """The phases some tap reads: all of them, or (a strided 1x1 layer) one."""
-        wl = self.wl
-        sh, sw = wl.stride
-        used = {(r * wl.dilation[0] % sh) * sw + s * wl.dilation[1] % sw
-                for r in range(wl.R) for s in range(wl.S)}
-        return sorted(used) if len(used) == 1 else list(range(self.phases))
 
     def _rows(self, prefix: str) -> tuple[Expr, Callable[..., Stmt]]:
         """The parallel loop over the map rows the taps read (one phase's, or all)."""

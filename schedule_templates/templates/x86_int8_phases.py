@@ -53,11 +53,11 @@ TILE_BLOCK_COLS = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class Geometry:
-    """Where everything lies: phases of the padded input, columns, reduction words."""
+class StridePhases:
+    """The padded input split into ``stride_h * stride_w`` phases (every stride-th row and
+    column): their count and extent, and which of them the taps read."""
 
     wl: Conv2dInt8 | Conv2dBf16
-    inst: DotInstruction
 
     @property
     def phases(self) -> int:
@@ -72,6 +72,21 @@ class Geometry:
     def phase_w(self) -> int:
         _, left, _, right = self.wl.pad
         return -(-(self.wl.W + left + right) // self.wl.stride[1])
+
+    def used_phases(self) -> list[int]:
+        """The phases some tap reads: all of them, or (a strided 1x1 convolution) one."""
+        wl = self.wl
+        sh, sw = wl.stride
+        used = sorted({(r * wl.dilation[0] % sh) * sw + s * wl.dilation[1] % sw
+                       for r in range(wl.R) for s in range(wl.S)})
+        return used if len(used) == 1 else list(range(self.phases))
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry(StridePhases):
+    """Where everything lies: phases of the padded input, columns, reduction words."""
+
+    inst: DotInstruction
 
     @property
     def columns(self) -> int:
@@ -144,14 +159,6 @@ class Geometry:
     def gemm_offsets(self) -> np.ndarray:
         """For each reduction word of the GEMM: where its column 0 lies in its pixels."""
         return self.tap_offsets()
-
-    def used_phases(self) -> list[int]:
-        """The phases some tap reads: all of them, or (a strided 1x1 convolution) one."""
-        wl = self.wl
-        sh, sw = wl.stride
-        used = sorted({(r * wl.dilation[0] % sh) * sw + s * wl.dilation[1] % sw
-                       for r in range(wl.R) for s in range(wl.S)})
-        return used if len(used) == 1 else list(range(self.phases))
 
     def tap_offsets(self) -> np.ndarray:
         """For reduction word ``(r*S + s) * channel_words + cw``: where its column 0 lies."""
