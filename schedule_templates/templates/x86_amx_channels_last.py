@@ -43,6 +43,7 @@ from schedule_templates.templates.x86_amx_gemm import TILE_K, TILE_WORDS, AmxBlo
 from schedule_templates.templates.x86_dense_int8 import pack_amx_panels
 from schedule_templates.templates.x86_int8_phases import StridePhases
 from schedule_templates.templates.x86_int8_stages import vector_walk
+from schedule_templates.templates.x86_pixel_rows import StoreOutput, pk_tile
 from schedule_templates.workloads import Conv2dInt8
 
 #: a u8 zero point repeated in each byte of a word
@@ -129,9 +130,9 @@ class TileMap(StridePhases):
             return self._words_stage(data, zero_point, mapped, n)
         return self._gather_stage(data, zero_point, mapped, n)
 
-    def _rows(self, prefix: str) -> tuple[Expr, Callable[..., Stmt]]:
+    def _rows(self) -> tuple[Expr, Callable[..., Stmt]]:
         """The parallel loop over the map rows the taps read (one phase's, or all)."""
-        return loop(f"{prefix}_i", len(self.used_phases()) * self.phase_h, LoopKind.PARALLEL)
+        return loop("map_i", len(self.used_phases()) * self.phase_h, LoopKind.PARALLEL)
 
     def _row(self, i: Expr) -> tuple[Expr, Expr, Expr, Expr]:
         """Map row i's phase, the input row it copies, where it starts in the map and whether
@@ -148,7 +149,7 @@ class TileMap(StridePhases):
         """A channels-last input: a pixel's words copied whole (16 a register)."""
         wl, cw = self.wl, self.channel_words
         fill = zero_point * Const(_ZP_WORD, "int32")
-        i, rows_loop = self._rows("map")
+        i, rows_loop = self._rows()
         phase, iy, start, row_inside = self._row(i)
         x, x_loop = loop("map_x", self.phase_w)
         ix = x * wl.stride[1] + phase % wl.stride[1] - wl.pad[1]
@@ -171,7 +172,7 @@ class TileMap(StridePhases):
         wl, cw = self.wl, self.channel_words
         sw, left = wl.stride[1], wl.pad[1]
         fill = zero_point * Const(_ZP_WORD, "int32")
-        i, rows_loop = self._rows("map")
+        i, rows_loop = self._rows()
         phase, iy, start, row_inside = self._row(i)
         c, c_loop = loop("map_c", cw)
         cy = binop("min", binop("max", iy, 0), wl.H - 1)
@@ -204,18 +205,12 @@ def blocking(config: Config, tiles: TileMap) -> AmxBlocking:
     """The config's tiling on tiles: its pixel-row register tile (``pk_tile=RxW``) read as a
     parallel task's block, ``32R`` rows of pixels by ``2W`` channels (rounded to whole register
     blocks of 32 x 32); the orders and the parallel axis as they are."""
-    from schedule_templates.templates.x86_pixel_rows import pk_tile
-
     tile = pk_tile(config)
     rows, width = tile if tile is not None else (4, 32)
     entities = {"tile_m": (1, 32 * rows, 1), "tile_n": (1, 2 * width, 1),
                 "parallel": config["parallel"], "outer_order": config["outer_order"],
                 "inner_order": config["inner_order"]}
     return x86_amx_gemm.amx_blocking(entities, tiles.rows, tiles.wl.K)
-
-
-#: (accumulator, output channel, (row, column) of the output) -> the store
-StoreOutput = Callable[[Expr, Expr, tuple[Expr, Expr]], Stmt]
 
 
 def tiles_nest(config: Config, tiles: TileMap, data: Buffer, weight: Buffer, taps: Buffer,
