@@ -169,9 +169,10 @@ def int8_model_rows(models: list[BenchModel], args: argparse.Namespace
     rows: list[dict[str, Any]] = []
     for model in models:
         try:
-            quantized = quantized_model(model)
+            quantized = quantized_model(model, args.reduce_range)
         except ModelUnavailable as e:
-            rows += unavailable_rows(f"{model.name}-int8", str(e), args.threads)
+            suffix = "int8r" if args.reduce_range else "int8"
+            rows += unavailable_rows(f"{model.name}-{suffix}", str(e), args.threads)
             continue
         # tuned like the fp32 rows (its own cache entry: MODEL-int8), before measuring
         tunings = {t: tuning_of(quantized, t, args) for t in args.threads}
@@ -201,6 +202,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--int8", action="store_true",
                         help="also time each model quantized by onnxruntime's quantize_static "
                              "(QDQ): ours (default configs), onnxruntime and OpenVINO int8")
+    parser.add_argument("--reduce-range", action="store_true",
+                        help="with --int8: 7-bit weights (quantize_static's reduce_range, "
+                             "onnxruntime's advice for CPUs without VNNI), rows MODEL-int8r")
     parser.add_argument("--bf16", action="store_true",
                         help="also each model built with --precision bf16 (default configs) "
                              "against onnxruntime (fp32) and OpenVINO in bf16")

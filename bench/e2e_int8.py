@@ -3,7 +3,10 @@ by onnxruntime's own tool (``quantize_static``, QDQ, uint8 activations, per-chan
 weights, calibrated on a few seeded random inputs), cached beside the fp32 exports, then timed
 with our default and tuned builds, onnxruntime and OpenVINO on the same quantized file in the
 same run. The tuned configs come from the same real ``tuner tune`` job as the fp32 rows'
-(``e2e_tune``, cached as ``MODEL-int8``): its tasks are the int8 layers.
+(``e2e_tune``, cached as ``MODEL-int8``): its tasks are the int8 layers. With
+``reduce_range`` (``bench/e2e.py --reduce-range``) the weights are quantized to 7 bits, as
+onnxruntime advises for CPUs without VNNI (rows ``MODEL-int8r``): every engine's u8 x s8
+products then fit its 16-bit pair sums, and ours run on ``vpmaddubsw`` there.
 """
 
 from __future__ import annotations
@@ -21,21 +24,23 @@ logger = logging.getLogger("e2e.int8")
 CALIBRATION_SAMPLES = 4
 
 
-def quantized_model(model: BenchModel) -> BenchModel:
-    """The QDQ int8 version of ``model`` (quantized now unless cached for these bytes)."""
+def quantized_model(model: BenchModel, reduce_range: bool = False) -> BenchModel:
+    """The QDQ int8 version of ``model`` (quantized now unless cached for these bytes), with
+    7-bit weights for ``reduce_range``."""
     data = model.path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()[:16]
-    path = CACHE / "int8" / f"{model.name}-{digest}.onnx"
+    suffix = "int8r" if reduce_range else "int8"
+    path = CACHE / "int8" / f"{model.name}-{'r-' if reduce_range else ''}{digest}.onnx"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            _quantize(model.path, path)
+            _quantize(model.path, path, reduce_range)
         except Exception as e:  # onnxruntime's quantizer raises anything; report, not crash
             raise ModelUnavailable(f"{model.name}: quantize_static failed: {e}") from e
-    return BenchModel(f"{model.name}-int8", model.kind, path)
+    return BenchModel(f"{model.name}-{suffix}", model.kind, path)
 
 
-def _quantize(source: Path, target: Path) -> None:
+def _quantize(source: Path, target: Path, reduce_range: bool) -> None:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     feeds = [_random_feeds(source, seed) for seed in range(CALIBRATION_SAMPLES)]
@@ -50,7 +55,7 @@ def _quantize(source: Path, target: Path) -> None:
     partial = target.with_suffix(".partial")
     quantize_static(source, partial, Reader(), quant_format=QuantFormat.QDQ,  # type: ignore[arg-type]
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    per_channel=True)
+                    per_channel=True, reduce_range=reduce_range)
     partial.rename(target)
 
 

@@ -42,11 +42,13 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-#: rows of a lower precision are named MODEL-int8 / MODEL-bf16 (``e2e_int8``, ``e2e_bf16``)
-PRECISIONS = ("fp32", "int8", "bf16")
+#: rows of a lower precision are named MODEL-int8 / MODEL-bf16 (``e2e_int8``, ``e2e_bf16``);
+#: MODEL-int8r: int8 with 7-bit weights (``--reduce-range``)
+PRECISIONS = ("fp32", "int8", "int8r", "bf16")
 #: the relative error ``problems`` flags above, per precision (int8 rows differ from
 #: onnxruntime's fused kernels by whole quantization steps: docs/quantized.md compares them)
-MAX_REL_ERROR: dict[str, float | None] = {"fp32": 1e-4, "bf16": 1e-2, "int8": None}
+MAX_REL_ERROR: dict[str, float | None] = {"fp32": 1e-4, "bf16": 1e-2, "int8": None,
+                                          "int8r": None}
 
 
 def precision(row: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import dataclasses
 from llvmlite import ir
 
 from schedule_templates.codegen.llvm_portable_int import emit_bytes4, emit_dp4a
-from schedule_templates.codegen.llvm_x86_int import emit_pmaddwd
+from schedule_templates.codegen.llvm_x86_int import emit_pmaddubsw, emit_pmaddwd
 from schedule_templates.errors import CodegenError
 from schedule_templates.ir.nodes import INTRINSICS
 
@@ -63,6 +63,7 @@ _INTRINSICS = {
     "dpbf16ps": _LLVMIntrinsic("llvm.x86.avx512bf16.dpbf16ps.512", "avx512bf16", True),
     "roundeven": _LLVMIntrinsic("llvm.roundeven.{v}"),
     "pmaddwd": _LLVMIntrinsic("llvm.x86.avx2.pmadd.wd", "avx2"),  # llvm_x86_int.py emits it
+    "pmaddubsw": _LLVMIntrinsic("llvm.x86.avx2.pmadd.ub.sw", "avx2"),  # and this one
     # plain integer arithmetic (llvm_portable_int.py): the host form of GPU kernels
     "dp4a": _LLVMIntrinsic(""),
     "bytes4": _LLVMIntrinsic(""),
@@ -143,6 +144,8 @@ def emit_intrinsic(b: ir.IRBuilder, module: ir.Module, fn: str, args: list[ir.Va
                    ) -> ir.Value:
     if fn == "pmaddwd":
         return emit_pmaddwd(b, module, *args)
+    if fn == "pmaddubsw":
+        return emit_pmaddubsw(b, module, *args)
     if fn == "dp4a":
         return emit_dp4a(b, *args)
     if fn == "bytes4":

@@ -243,6 +243,10 @@ INTRINSICS: dict[str, IntrinsicSig] = {
     # acc + a.lo * b.lo + a.hi * b.hi on the two signed 16-bit halves of each 32-bit lane
     # (AVX2 vpmaddwd + vpaddd; any multiple of 8 lanes)
     "pmaddwd": IntrinsicSig("int32", ("int32", "int32", "int32")),
+    # vpdpbusd's sum through AVX2 vpmaddubsw (16-bit pair sums, saturating) + vpmaddwd by ones
+    # + vpaddd: exact only while |w1| + |w2| <= 128 for each pair of b's s8 bytes (narrow
+    # weights); any multiple of 8 lanes
+    "pmaddubsw": IntrinsicSig("int32", ("int32", "int32", "int32")),
     # round half to even (the rounding of onnxruntime's requantization)
     "roundeven": IntrinsicSig("float32", ("float32",)),
     # vpdpbusd's arithmetic at any width: acc + the 4 products (u8 of a) * (s8 of b) of each

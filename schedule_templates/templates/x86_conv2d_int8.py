@@ -111,6 +111,7 @@ from schedule_templates.templates.x86_pixel_rows import (
     with_pixel_rows,
 )
 from schedule_templates.workloads import Conv2dInt8, Workload
+from schedule_templates.workloads.lowp import check_weights
 
 #: On tiles, a layer whose output is stored in place with the shortcut added (ResNet's 1x1
 #: layers that end a block) reads the shortcut 32 pixels of 32 channel rows a register block,
@@ -148,7 +149,7 @@ class Conv2dInt8X86(Template):
         space = self.space(wl)
         if is_depthwise(wl):
             return depthwise_default(space, geo.columns)
-        inst = x86_dot_gemm.int8_instruction()
+        inst = x86_dot_gemm.workload_instruction(wl)
         # channels-last spaces hold pixel rows only: the channel-row default it turns into
         # pixel rows comes from the plain space
         rows_space = (dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
@@ -290,6 +291,7 @@ class Conv2dInt8X86(Template):
         wl = _as(workload, Conv2dInt8)
         geo = _geometry(wl)
         weight = typed(inputs, "weight", np.int8)
+        check_weights(wl, weight)
         data_zp = typed(inputs, "data_zero_point", np.uint8).astype(np.int32).reshape(1)
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
         args = {
@@ -317,7 +319,7 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
     pixel rows, panels ``[groups][K/groups/width][words][width]`` (16 channels' words of one
     reduction step side by side, as one register loads them)."""
     cg = padded_k(wl.group_in, VNNI)
-    values = np.zeros((wl.K, wl.R, wl.S, cg), dtype=np.int8 if geo.inst is VNNI else np.int16)
+    values = np.zeros((wl.K, wl.R, wl.S, cg), dtype=np.int8 if geo.inst.per_word == 4 else np.int16)
     values[..., :wl.group_in] = weight.transpose(0, 2, 3, 1)
     tile = None if isinstance(geo, TileGeometry) else pk_tile(config)
     if tile is not None:
@@ -348,7 +350,7 @@ def _geometry(wl: Conv2dInt8) -> Geometry:
     one tap, or expanded planes for one group of fewer channels (``x86_expanded``); the
     vector instruction of the host else (and for channels-last layers, which run as pixel
     rows: ``x86_channels_last``)."""
-    inst = x86_dot_gemm.int8_instruction()
+    inst = x86_dot_gemm.workload_instruction(wl)
     if inst is VNNI and not is_depthwise(wl) and not wl.channels_last \
             and x86_amx_gemm.host_amx("tdpbsud"):
         if wl.group_in % x86_amx_gemm.TILE_K == 0:

@@ -65,6 +65,7 @@ from schedule_templates.templates.x86_dot_gemm import (
 )
 from schedule_templates.templates.x86_int8_stages import copy_rows, word_rows
 from schedule_templates.workloads import DenseInt8, Workload
+from schedule_templates.workloads.lowp import check_weights
 
 
 @register
@@ -82,11 +83,11 @@ class DenseInt8X86(Template):
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, DenseInt8)
         return dot_default(self.space(wl), wl.M, padded_n(wl.N), padded_k(wl.K, VNNI),
-                           x86_dot_gemm.int8_instruction())
+                           x86_dot_gemm.workload_instruction(wl))
 
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseInt8)
-        inst = x86_dot_gemm.int8_instruction()
+        inst = x86_dot_gemm.workload_instruction(wl)
         plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N) if _on_tiles() else None
         if plan is None:
             nr = config["tile_n"][2]
@@ -147,8 +148,9 @@ class DenseInt8X86(Template):
     def pack(self, workload: Workload, config: Config, inputs: Mapping[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         wl = _as(workload, DenseInt8)
-        inst = x86_dot_gemm.int8_instruction()
+        inst = x86_dot_gemm.workload_instruction(wl)
         weight = typed(inputs, "weight", np.int8)
+        check_weights(wl, weight)
         data = typed(inputs, "data", np.uint8)
         data_zp = int(typed(inputs, "data_zero_point", np.uint8).reshape(-1)[0])
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
@@ -196,8 +198,9 @@ def pack_amx_panels(weight: np.ndarray, columns: int) -> np.ndarray:
 
 
 def _reads_data_in_place(wl: DenseInt8, inst: DotInstruction) -> bool:
-    """VNNI reads rows of whole 4-byte words as they are; anything else is repacked."""
-    return inst is VNNI and wl.K % inst.group == 0
+    """Byte words (VNNI, pmaddubsw) read rows of whole 4-byte words as they are; 16-bit words
+    are repacked."""
+    return inst.per_word == 4 and wl.K % inst.group == 0
 
 
 def pack_int8_panels(weight: np.ndarray, columns: int, nr: int, inst: DotInstruction

@@ -79,13 +79,27 @@ BF16 = DotInstruction("dpbf16ps", 2, "float32")
 # 16 ymm registers: 6 accumulators of 16 lanes are 12 of them, leaving room for the panel's
 # loads and a broadcast
 PMADDWD = DotInstruction("pmaddwd", 4, "int32", steps=2, acc_vectors=6)
+# VNNI's bytes and layout through vpmaddubsw + vpmaddwd by ones (``llvm_x86_int``): exact for
+# narrow weights only; 5 accumulators of 16 lanes leave registers for the ones, the loads and
+# the broadcast (6 spilled in a register-tile model of the nest on Zen 3)
+PMADDUBSW = DotInstruction("pmaddubsw", 4, "int32", acc_vectors=5)
 
 
-def int8_instruction() -> DotInstruction:
-    """The int8 instruction of this host: VNNI where it has AVX-512 VNNI, else vpmaddwd."""
+def int8_instruction(narrow: bool = False) -> DotInstruction:
+    """The int8 instruction of this host: VNNI where it has AVX-512 VNNI; else, for narrow
+    weights (all within [-64, 64], the workloads' ``weights=narrow``), vpmaddubsw, exact
+    for them; else vpmaddwd."""
     from schedule_templates.codegen.llvm_jit import host_features
 
-    return VNNI if "+avx512vnni" in host_features().split(",") else PMADDWD
+    if "+avx512vnni" in host_features().split(","):
+        return VNNI
+    return PMADDUBSW if narrow else PMADDWD
+
+
+def workload_instruction(workload: object) -> DotInstruction:
+    """The int8 instruction a ``dense_int8`` or ``conv2d_int8`` lowers to here (its
+    ``weights`` field says whether they are narrow)."""
+    return int8_instruction(getattr(workload, "weights", "full") == "narrow")
 
 
 def padded_n(N: int) -> int:

@@ -14,6 +14,12 @@ uint8 or int8; ``out=f32`` keeps the dequantized ``acc * scale`` instead. ``bias
 int32 bias per output channel to the accumulator before scaling (QGemm's, quantized with scale
 data_scale * weight_scale). Weight zero points
 other than zero are not supported (they would need row sums of the activations in the kernel).
+``weights=narrow`` promises every weight within [-64, 64] (``NARROW_WEIGHT``: what
+``quantize_static`` gives with ``reduce_range=True``, onnxruntime's advice for CPUs without
+VNNI): there a host without VNNI multiplies the bytes with ``vpmaddubsw``, whose 16-bit pair
+sums cannot saturate with such weights, instead of widening them to 16 bits; a template refuses
+wider weights for such a key at pack time (``check_weights``). The arithmetic and the
+reference are the same either way.
 ``add=u8|s8`` fuses the quantized addition of a per-column constant that follows the product in
 a QDQ model (BERT's bias: ``Int8Add`` of the 8-bit output and an 8-bit vector) into the output
 stage, exactly as the two steps compute it (``add_requantized``): the u8/s8 output above is
@@ -49,12 +55,16 @@ QUANT_PARAMS: dict[str, tuple[str, Any]] = {
     "out": ("choice", "u8"),
     "scale": ("choice", "channel"),
     "bias": ("choice", "none"),
+    "weights": ("choice", "full"),
 }
 QUANT_CHOICES: dict[str, tuple[str, ...]] = {
     "out": ("u8", "s8", "f32"),
     "scale": ("channel", "tensor"),
     "bias": ("none", "s32"),
+    "weights": ("full", "narrow"),
 }
+#: the largest weight magnitude of ``weights=narrow`` (255 * 2 * 64 fits a saturating int16)
+NARROW_WEIGHT = 64
 QUANT_CONSTANTS = ("weight", "data_zero_point", "scale", "bias", "out_zero_point")
 #: the fused quantized addition's inputs (``dense_int8``'s ``add``)
 ADD_INPUTS = ("add_value", "add_scale", "add_zero_point")
@@ -73,19 +83,37 @@ def from_bfloat16(bits: np.ndarray) -> np.ndarray:
     return wide.view(np.float32)
 
 
+def narrow_weights(weight: np.ndarray) -> bool:
+    """Whether every weight is within [-NARROW_WEIGHT, NARROW_WEIGHT] (``weights=narrow``)."""
+    w = np.asarray(weight)
+    return w.size == 0 or int(np.abs(w.astype(np.int32)).max()) <= NARROW_WEIGHT
+
+
+def check_weights(workload: Workload, weight: np.ndarray) -> None:
+    """Refuse weights wider than a ``weights=narrow`` key promises (a kernel built for it would
+    saturate: its sums would be wrong, not slow)."""
+    if getattr(workload, "weights", "full") == "narrow" and not narrow_weights(weight):
+        raise InvalidWorkloadError(
+            f"{workload.op}: weights=narrow promises weights within +-{NARROW_WEIGHT}, got "
+            f"{int(np.abs(np.asarray(weight).astype(np.int32)).max())}; use weights=full")
+
+
 def quantized_inputs(rng: np.random.Generator | int, data_shape: Shape, weight_shape: Shape,
-                     taps: int, channels: int, scale: str, bias: str, out: str
-                     ) -> dict[str, np.ndarray]:
-    """Random inputs of a quantized layer (u8 data, s8 weights, zero points, fp32 scales for
-    ``channels`` outputs or one, optional int32 bias) whose scale spreads the outputs of a
-    ``taps``-long dot product over the quantized range, saturating a few."""
+                     taps: int, channels: int, scale: str, bias: str, out: str,
+                     weights: str = "full") -> dict[str, np.ndarray]:
+    """Random inputs of a quantized layer (u8 data, s8 weights, within +-64 for
+    ``weights=narrow``, zero points, fp32 scales for ``channels`` outputs or one, optional
+    int32 bias) whose scale spreads the outputs of a ``taps``-long dot product over the
+    quantized range, saturating a few."""
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    spread = float(np.sqrt(taps)) * 74.0 * 73.0
+    bound = NARROW_WEIGHT if weights == "narrow" else 127
+    # 74 and 73 (37 narrow): the u8 and s8 values' root mean squares
+    spread = float(np.sqrt(taps)) * 74.0 * (73.0 if weights == "full" else 37.0)
     typical = (40.0 if out != "f32" else 1.0) / spread
     count = channels if scale == "channel" else 1
     inputs: dict[str, np.ndarray] = {
         "data": gen.integers(0, 256, size=data_shape, dtype=np.uint8),
-        "weight": gen.integers(-127, 128, size=weight_shape, dtype=np.int8),
+        "weight": gen.integers(-bound, bound + 1, size=weight_shape, dtype=np.int8),
         "data_zero_point": gen.integers(100, 157, size=(1,), dtype=np.uint8),
         "scale": (gen.uniform(0.5, 1.5, size=count) * typical).astype(np.float32),
     }
@@ -152,6 +180,7 @@ class DenseInt8(Workload):
     out: str = "u8"
     scale: str = "channel"
     bias: str = "none"
+    weights: str = "full"
     add: str = "none"
 
     op: ClassVar[str] = "dense_int8"
@@ -169,7 +198,8 @@ class DenseInt8(Workload):
         "dense_int8:M=6,N=32,K=12", "dense_int8:M=5,N=48,K=64,out=s8,scale=tensor",
         "dense_int8:M=4,N=16,K=8,out=f32", "dense_int8:M=3,N=20,K=10,bias=s32",
         "dense_int8:M=7,N=33,K=13,out=s8", "dense_int8:M=7,N=33,K=13,bias=s32,add=u8",
-        "dense_int8:M=5,N=20,K=12,out=s8,scale=tensor,add=s8")
+        "dense_int8:M=5,N=20,K=12,out=s8,scale=tensor,add=s8",
+        "dense_int8:M=5,N=40,K=22,bias=s32,weights=narrow")
 
     def validate(self) -> None:
         if self.add != "none" and self.out == "f32":
@@ -216,7 +246,7 @@ class DenseInt8(Workload):
     def make_inputs(self, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         inputs = quantized_inputs(gen, (self.M, self.K), (self.N, self.K), self.K, self.N,
-                                  self.scale, self.bias, self.out)
+                                  self.scale, self.bias, self.out, self.weights)
         if self.add != "none":  # a sum that moves the values by up to ~40 steps, some saturate
             lo, hi = (96, 160) if self.add == "u8" else (-16, 16)
             inputs["add_value"] = gen.uniform(-2.0, 2.0, size=self.N).astype(np.float32)

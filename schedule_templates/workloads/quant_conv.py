@@ -22,7 +22,9 @@ the operator name is part of every key.
 Parameters (the contract the ONNX front end builds keys from):
 ``N, C, H, W, K, R, S`` (ints), ``stride`` (pair), ``pad`` (quad: top, left, bottom, right),
 ``dilation`` (pair), ``groups`` (int, default 1), ``out`` in ``u8|s8|f32`` (default u8),
-``scale`` in ``channel|tensor`` (default channel), ``bias`` in ``none|s32`` (default none).
+``scale`` in ``channel|tensor`` (default channel), ``bias`` in ``none|s32`` (default none),
+``weights`` in ``full|narrow`` (default full; narrow: every weight within [-64, 64], see
+``lowp``).
 Inputs, in call order: ``data`` u8 [N,C,H,W], ``weight`` s8 [K,C/groups,R,S],
 ``data_zero_point`` u8 [1], ``scale`` f32 [K] or [1], ``bias`` int32 [K] (``bias=s32``),
 ``out_zero_point`` u8/s8 [1] (not for ``out=f32``). Output [N,K,OH,OW] of the ``out`` type.
@@ -84,6 +86,7 @@ class Conv2dInt8(_Grouped):
     out: str = "u8"
     scale: str = "channel"
     bias: str = "none"
+    weights: str = "full"
     residual: str = "none"
     in_layout: str = "nchw"
     out_layout: str = "nchw"
@@ -121,6 +124,9 @@ class Conv2dInt8(_Grouped):
         "residual_layout=nhwc",
         "conv2d_int8:N=1,C=16,H=5,W=6,K=32,R=1,S=1,residual=s8,out=s8,in_layout=nhwc,"
         "residual_layout=nhwc",
+        "conv2d_int8:N=1,C=12,H=9,W=7,K=16,R=3,S=3,stride=2,pad=1,bias=s32,weights=narrow",
+        "conv2d_int8:N=1,C=8,H=7,W=9,K=32,R=3,S=3,pad=1,in_layout=nhwc,out_layout=nhwc,"
+        "weights=narrow",
     )
 
     def validate(self) -> None:
@@ -213,7 +219,7 @@ class Conv2dInt8(_Grouped):
         inputs = quantized_inputs(gen, self.input_shapes()["data"],
                                   (self.K, self.group_in, self.R, self.S),
                                   self.group_in * self.R * self.S, self.K, self.scale,
-                                  self.bias, self.out)
+                                  self.bias, self.out, self.weights)
         if self.residual != "none":  # a shortcut of its own scale, some sums saturating
             lo, hi = QUANT_RANGES[self.residual]
             inputs["residual"] = gen.integers(lo, hi + 1, size=self.residual_shape()

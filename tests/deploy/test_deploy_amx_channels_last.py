@@ -101,7 +101,7 @@ def tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(library, "int8_channels_last", lambda proto: True)
     if x86_amx_gemm.host_amx("tdpbusd"):
         return
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     real = x86_amx_gemm.amx_nest
     monkeypatch.setattr(x86_amx_gemm, "amx_nest",

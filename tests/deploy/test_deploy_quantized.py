@@ -200,7 +200,7 @@ def test_cli_build_and_checked_run_of_a_quantized_model(
     # fused into the MatMul's layer)
     assert report["int8_glue_steps"] == 2 and report["numpy_steps"] == 1  # the Flatten
     manifest = json.loads((out / "manifest.json").read_text())
-    assert "dense_int8:M=1,N=32,K=256,add=u8" in [e.get("workload")
+    assert "dense_int8:M=1,N=32,K=256,weights=narrow,add=u8" in [e.get("workload")
                                                    for e in manifest["int8_kernels"]]
     assert report["check"]["max_rel_error"] < 1e-5
 

@@ -72,7 +72,7 @@ def test_bias_add_fused_into_the_dense_layer_gives_the_unfused_bytes(
     model, bias_out = _with_bias_output(quantized(tmp_path, "qdq", residual=residual))
     fused = _runner(model, tmp_path / "fused")
     mm = next(s for s in fused.steps if isinstance(s, Int8KernelStep) and s.layer == "mm")
-    assert mm.kernel.workload.key == "dense_int8:M=1,N=32,K=256,add=u8"
+    assert mm.kernel.workload.key == "dense_int8:M=1,N=32,K=256,weights=narrow,add=u8"
     assert "Int8Add" not in _glue(fused) or residual  # a residual addition has no layer
     assert list(mm.outputs) == [bias_out]
 

@@ -23,11 +23,12 @@ CONV = "conv2d_int8:N=1,C=3,H=8,W=8,K=16,R=3,S=3,stride=2,pad=1"
 
 
 @pytest.mark.parametrize(("form", "keys"), [
-    # the MatMul's bias addition is fused into its layer (``add=u8``)
-    ("qdq", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256,add=u8",
-             "dense_int8:M=1,N=10,K=32,bias=s32"]),
+    # the MatMul's bias addition is fused into its layer (``add=u8``); 7-bit weights
+    # (``reduce_range``) are narrow
+    ("qdq", [f"{CONV},bias=s32,weights=narrow", "dense_int8:M=1,N=32,K=256,weights=narrow,add=u8",
+             "dense_int8:M=1,N=10,K=32,bias=s32,weights=narrow"]),
     # QGemm reads QLinearAdd's output, which onnx (no com.microsoft schemas) cannot type
-    ("qoperator", [f"{CONV},bias=s32", "dense_int8:M=1,N=32,K=256"]),
+    ("qoperator", [f"{CONV},bias=s32,weights=narrow", "dense_int8:M=1,N=32,K=256,weights=narrow"]),
     ("dynamic", [f"{CONV},out=f32,scale=tensor", "dense_int8:M=1,N=32,K=256,out=f32,scale=tensor",
                  "dense_int8:M=1,N=10,K=32,out=f32,scale=tensor"]),
 ])
@@ -38,6 +39,13 @@ def test_quantized_layers_become_int8_tasks(tmp_path: Path, form: str, keys: lis
         keys = [k for k in keys if "N=10" not in k or k in found]
     assert found == keys
     assert not [u for u in result.unsupported if "int8" in u.reason]
+
+
+def test_full_range_weights_make_full_keys(tmp_path: Path) -> None:
+    """Weights quantized without ``reduce_range`` reach +-127: no key promises narrow ones."""
+    keys = [t.workload.key for t in extract_tasks(quantized(tmp_path, "qdq",
+                                                            reduce_range=False)).tasks]
+    assert len(keys) == 3 and not [k for k in keys if "weights=" in k]
 
 
 def test_qdq_layers_are_rewritten_and_no_fp32_anchor_is_left(tmp_path: Path) -> None:
@@ -61,7 +69,7 @@ def test_a_residual_input_read_as_8_bits_leaves_no_dead_dequantize(tmp_path: Pat
     assert ops.count((INT8_DOMAIN, "Int8Layer")) == 5 and ops.count((INT8_DOMAIN, "Int8Add")) == 0
     keys = [a.s.decode() for n in proto.graph.node for a in n.attribute if a.name == "workload"]
     assert [k for k in keys if k.endswith(",residual=u8")] == [
-        "conv2d_int8:N=1,C=16,H=4,W=4,K=16,R=3,S=3,pad=1,residual=u8"]
+        "conv2d_int8:N=1,C=16,H=4,W=4,K=16,R=3,S=3,pad=1,weights=narrow,residual=u8"]
     read = {name for node in proto.graph.node for name in node.input}
     read |= {value.name for value in proto.graph.output}
     assert all(out in read for node in proto.graph.node for out in node.output)
@@ -77,7 +85,7 @@ def test_layers_after_a_computed_reshape_are_rewritten_with_static_shapes(
     assert ops.count((INT8_DOMAIN, "Int8Layer")) == 3 and ("", "MatMul") not in ops
     keys = [task.workload.key for task in
             extract_tasks(quantized(tmp_path, "qdq", computed_flatten=True)).tasks]
-    assert "dense_int8:M=1,N=32,K=256,add=u8" in keys
+    assert "dense_int8:M=1,N=32,K=256,weights=narrow,add=u8" in keys
 
 
 def test_a_bias_addition_is_fused_into_the_dense_layer_only_when_it_alone_reads_it(

@@ -1,6 +1,7 @@
 """Shared by the int8 kernel tests: the ``instruction`` fixture runs a test with the host's int8
 instruction, on an AMX host again with the tiles switched off (the VNNI vector kernels), and on
-a VNNI host again forced onto vpmaddwd, so every path is covered wherever its host exists."""
+a VNNI host again as a host without VNNI (vpmaddwd, or vpmaddubsw for narrow weights), so every
+path is covered wherever its host exists."""
 
 import pytest
 
@@ -15,9 +16,10 @@ INSTRUCTIONS = ["host", *(["vnni"] if HAS_AMX else []), *(["pmaddwd"] if HAS_VNN
 @pytest.fixture(params=INSTRUCTIONS)
 def instruction(request, monkeypatch):
     """The int8 instruction the templates lower to: the host's, VNNI without tiles, or
-    vpmaddwd forced."""
+    those of a host without VNNI forced (the fixture's value is for full-range weights)."""
     if request.param == "vnni":
         monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": False)
     if request.param == "pmaddwd":
-        monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
+        monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: (
+            x86_dot_gemm.PMADDUBSW if narrow else x86_dot_gemm.PMADDWD))
     return x86_dot_gemm.int8_instruction()

@@ -107,7 +107,7 @@ def test_int8_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key, dot):
     """Wherever the tests run: the tile kernel (padding stages included) becomes tile loads and
     tile dot products, the palette loaded once per thread's call and the tiles released
     after."""
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     workload = parse_workload(key)
     template = get_template(workload.op)
@@ -126,7 +126,7 @@ def test_int8_on_tiles_compiles_for_sapphire_rapids(monkeypatch, key, dot):
 def test_tiles_hint_the_shortcut_they_add_in_place(monkeypatch, key, hints):
     """Stored in place, a register block reads the shortcut in 32 rows a map apart, so each
     row hints its next line (prefetcht1); the copy of phase-width rows reads it in order."""
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     workload = parse_workload(key)
     template = get_template(workload.op)
@@ -145,7 +145,7 @@ def test_conv_int8_takes_tiles_for_whole_steps_or_expanded_planes(monkeypatch):
         _geometry,
     )
 
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     kinds = {}
     for key in ("conv2d_int8:N=1,C=64,H=8,W=8,K=64,R=3,S=3,pad=1",
@@ -213,7 +213,7 @@ def test_amx_blocking_tiles_the_padded_extents():
 
 def test_passes_that_do_not_know_tiles_see_their_expansion(monkeypatch):
     """The printer and the cost model's features read a tile kernel through ``expand``."""
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     workload = parse_workload("dense_int8:M=64,N=64,K=64")
     template = get_template(workload.op)

@@ -60,7 +60,7 @@ def _expanded(kernel: Kernel) -> Kernel:
 @pytest.fixture
 def tiles_expanded(monkeypatch):
     """The tile kernels as an AMX host lowers them, each tile product expanded."""
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     real = Conv2dInt8X86.lower
     monkeypatch.setattr(Conv2dInt8X86, "lower",
@@ -98,7 +98,7 @@ def test_channels_last_tiles_random_configs_are_exact(tiles_expanded, key):
 def test_channels_last_layers_take_tiles_for_whole_steps(monkeypatch):
     """Tiles where the input channels are whole 64-byte steps and the output channels whole
     32-column register blocks; the vector pixel rows else."""
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     base = "conv2d_int8:N=1,C={c},H=8,W=8,K={k},R=1,S=1,in_layout=nhwc"
     assert _channels_last_tiles(parse_workload(base.format(c=64, k=64)))
@@ -126,7 +126,7 @@ def test_tile_rows_lie_one_pixel_apart():
 
 @pytest.mark.parametrize("key", [KEYS[0], KEYS[1], KEYS[4]])
 def test_channels_last_tiles_compile_for_sapphire_rapids(monkeypatch, key):
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": True)
     workload = parse_workload(key)
     template = get_template(workload.op)

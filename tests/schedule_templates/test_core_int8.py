@@ -61,6 +61,71 @@ def test_pmaddwd_is_exact_at_the_extremes_of_u8_times_s8():
     np.testing.assert_array_equal(arrays[0], expected)
 
 
+def test_pmaddubsw_is_exact_at_the_extremes_of_narrow_weights():
+    """u8 255 times weights of +-64: the largest pair sums (+-32640) fit int16 unsaturated."""
+    lanes = 16
+    acc, x, y = (Buffer(n, (lanes,), dtype="int32") for n in ("acc", "x", "y"))
+    v, vec = loop("v", lanes, LoopKind.VECTORIZE)
+    kernel = Kernel("pmaddubsw", (acc, x, y), (), (vec(store(acc[v], intrinsic(
+        "pmaddubsw", acc[v], x[v], y[v]))),))
+    rng = np.random.default_rng(0)
+    data = rng.choice([0, 1, 254, 255], size=(lanes, 4)).astype(np.uint8)
+    data[0] = 255
+    weight = rng.choice([-64, -63, 63, 64, 0], size=(lanes, 4)).astype(np.int8)
+    weight[0], weight[1] = 64, -64
+    start = rng.integers(-2**30, 2**30, size=lanes).astype(np.int32)
+    arrays = [aligned_empty(lanes, dtype=np.int32) for _ in range(3)]
+    arrays[0][:] = start
+    arrays[1][:] = data.view(np.int32).reshape(-1)
+    arrays[2][:] = weight.view(np.int32).reshape(-1)
+    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 3)
+    try:
+        compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays], 1)
+    finally:
+        compiled.close()
+    expected = start.astype(np.int64) + (data.astype(np.int64) * weight).sum(axis=1)
+    np.testing.assert_array_equal(arrays[0], expected)
+
+
+@pytest.mark.parametrize("key", [
+    "dense_int8:M=5,N=33,K=13,out=s8,weights=narrow",  # bytes in place only for whole words
+    "dense_int8:M=6,N=64,K=64,bias=s32,weights=narrow",
+    "conv2d_int8:N=1,C=6,H=9,W=8,K=16,R=3,S=3,stride=2,pad=1,weights=narrow",
+    "conv2d_int8:N=1,C=16,H=7,W=7,K=32,R=1,S=1,bias=s32,weights=narrow,residual=u8",
+])
+def test_narrow_weights_are_exact_on_every_instruction(instruction, key):
+    out, ref, _ = run(key)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_narrow_hot_loop_without_vnni_is_vpmaddubsw(monkeypatch):
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: (
+        x86_dot_gemm.PMADDUBSW if narrow else x86_dot_gemm.PMADDWD))
+    _, _, asm = run("dense_int8:M=8,N=64,K=64,weights=narrow")
+    assert asm.count("vpmaddubsw") >= 8 and "vpmulld" not in asm
+    _, _, wide = run("dense_int8:M=8,N=64,K=64")
+    assert "vpmaddubsw" not in wide
+
+
+@pytest.mark.parametrize("key", ["dense_int8:M=4,N=16,K=8,weights=narrow",
+                                 "conv2d_int8:N=1,C=4,H=5,W=5,K=16,R=3,S=3,weights=narrow"])
+def test_narrow_key_refuses_wider_weights(key):
+    """A kernel for narrow weights would saturate on wider ones: refused when packed."""
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    artifact = build(workload, template, template.default_config(workload))
+    inputs = workload.make_inputs(1)
+    inputs["weight"] = inputs["weight"].copy()
+    inputs["weight"].reshape(-1)[3] = 65
+    try:
+        with pytest.raises(InvalidWorkloadError, match="weights=narrow"):
+            artifact.prepare(inputs)
+        inputs["weight"].reshape(-1)[3] = -64  # the bound itself is narrow
+        artifact.prepare(inputs).close()
+    finally:
+        artifact.close()
+
+
 @pytest.mark.parametrize("key", [
     "dense_int8:M=7,N=48,K=36",
     "dense_int8:M=5,N=33,K=13,out=s8",  # N and K padded, odd M
@@ -109,7 +174,7 @@ def test_the_space_does_not_depend_on_the_instruction(monkeypatch):
     template = get_template("dense_int8")
     host = template.space(workload)
     host_default = template.default_config(workload)
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.PMADDWD)
     avx2 = template.space(workload)
     avx2_default = template.default_config(workload)
     assert avx2.dims == host.dims
@@ -122,7 +187,7 @@ def test_the_space_does_not_depend_on_the_instruction(monkeypatch):
 
 
 def test_avx2_hot_loop_is_vpmaddwd(monkeypatch):
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.PMADDWD)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.PMADDWD)
     _, _, asm = run("dense_int8:M=8,N=64,K=64")
     # on a CPU with AVX-512 VNNI (Zen 5) LLVM fuses vpmaddwd + vpaddd into vpdpwssd
     assert asm.count("vpmaddwd") + asm.count("vpdpwssd") >= 8
@@ -169,7 +234,7 @@ def test_vnni_kernels_compile_for_a_vnni_cpu(monkeypatch, key):
     from schedule_templates.codegen.llvm_jit import _initialize, optimize
     from schedule_templates.runtime import lower
 
-    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda: x86_dot_gemm.VNNI)
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.VNNI)
     monkeypatch.setattr(x86_amx_gemm, "host_amx", lambda dot="tdpbusd": False)
     workload = parse_workload(key)
     template = get_template(workload.op)

@@ -33,6 +33,7 @@ import onnx.numpy_helper
 
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.workloads import Workload, make_workload
+from schedule_templates.workloads.lowp import narrow_weights
 from tuner_service.compiler.frontend.errors import ModelError, UnmappableNode
 from tuner_service.compiler.frontend.quantized_graph import Group, QuantGraph, scalar_constant
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN, INT8_OP, as_float, int8_conv
@@ -282,12 +283,14 @@ def _finish(view: QuantGraph, parts: _Parts, fp32: Workload, name: str) -> Group
         scale = (scale / np.float32(y_scale[0])).astype(np.float32)
         output = quant.output[0]
         nodes.add(nxt)  # type: ignore[arg-type]
-    workload = _int8_workload(fp32, y_zp, scale, parts.bias)
+    workload = _int8_workload(fp32, y_zp, scale, parts.bias, parts.weight)
     return _make_group(view, parts, nodes, workload, scale, y_zp, relu, output, name)
 
 
 def _int8_workload(fp32: Workload, y_zp: np.ndarray | None, scale: np.ndarray,
-                   bias: np.ndarray | None) -> Workload:
+                   bias: np.ndarray | None, weight: np.ndarray) -> Workload:
+    """The layer's task; ``weights=narrow`` where every weight is within [-64, 64] (a model
+    quantized with ``reduce_range``), which hosts without VNNI multiply on bytes."""
     if y_zp is None:
         out = "f32"
     elif y_zp.dtype in (np.uint8, np.int8):
@@ -296,10 +299,11 @@ def _int8_workload(fp32: Workload, y_zp: np.ndarray | None, scale: np.ndarray,
         raise UnmappableNode(f"output type {y_zp.dtype} has no int8 kernel")
     per = "channel" if scale.size > 1 else "tensor"
     with_bias = "none" if bias is None else "s32"
+    weights = "narrow" if narrow_weights(weight) else "full"
     if fp32.op == "dense":
         return make_workload("dense_int8", M=fp32.M, N=fp32.N, K=fp32.K,  # type: ignore[attr-defined]
-                             out=out, scale=per, bias=with_bias)
-    return int8_conv(fp32, out=out, scale=per, bias=with_bias)
+                             out=out, scale=per, bias=with_bias, weights=weights)
+    return int8_conv(fp32, out=out, scale=per, bias=with_bias, weights=weights)
 
 
 def _make_group(view: QuantGraph, parts: _Parts, nodes: set[int], workload: Workload,
@@ -367,6 +371,6 @@ def _qoperator_group(view: QuantGraph, position: int) -> Group | None:
     parts = _Parts(position, node.input[0], x_zp.astype(np.uint8), weight,
                    scale.astype(np.float32), None if bias is None else bias.reshape(-1),
                    {position})
-    workload = _int8_workload(fp32, y_zp, parts.scale, parts.bias)
+    workload = _int8_workload(fp32, y_zp, parts.scale, parts.bias, parts.weight)
     return _make_group(view, parts, {position}, workload, parts.scale, y_zp, False,
                        node.output[0], name)
