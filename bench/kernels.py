@@ -15,7 +15,9 @@ AVX2 hosts; ``bf16_peak_gops``: vdpbf16ps; on hosts with AMX, the tile loop of
 issues less often than an FMA, as vdpbf16ps does on Intel's Xeons, the low-precision kernel
 cannot reach twice the fp32 one).
 ``--no-lowp`` skips; shapes a low-precision layout cannot take get a ``*_skipped`` reason
-instead.
+instead. ``--narrow-int8``: the int8 twins promise weights within +-64 (``weights=narrow``,
+what ``reduce_range`` quantization gives), which AVX2 hosts run on vpmaddubsw, and the int8
+peak is that instruction's there.
 """
 
 from __future__ import annotations
@@ -92,10 +94,18 @@ def tune_one(key: str, threads: int, trials: int, tuner_name: str, seed: int,
     }
 
 
-def low_precision_keys(key: str) -> dict[str, str]:
+def low_precision_keys(key: str, narrow: bool = False) -> dict[str, str]:
     """column -> the low-precision twin of a plain fp32 key: int8 and bf16 for dense and
     for ordinary and grouped convolutions, int8 for depthwise ones (same geometry, groups
-    carried over), bf16 for batch_matmul; none for the rest."""
+    carried over), bf16 for batch_matmul; none for the rest. ``narrow``: int8 keys with
+    ``weights=narrow``."""
+    twins = _twins(key)
+    if narrow and "int8" in twins:
+        twins["int8"] += ",weights=narrow"
+    return twins
+
+
+def _twins(key: str) -> dict[str, str]:
     workload = parse_workload(key)
     if workload.epilogue_spec:
         return {}
@@ -127,13 +137,15 @@ DOT_INSTRUCTION = {"int8": "vpdpbusd", "bf16": "dpbf16ps"}
 DOT_FEATURE = {"int8": "+avx512vnni", "bf16": "+avx512bf16"}
 
 
-def dot_peaks(threads: int) -> dict[str, float]:
-    """column -> the peak of its dot-product instruction on this host, where it has one."""
+def dot_peaks(threads: int, narrow: bool = False) -> dict[str, float]:
+    """column -> the peak of its dot-product instruction on this host, where it has one
+    (``narrow``: int8 of narrow weights, vpmaddubsw where VNNI is missing)."""
     features = set(host_features().split(","))
     peaks = {column: measure_peak_gflops(threads, instruction=DOT_INSTRUCTION[column])
              for column, feature in DOT_FEATURE.items() if feature in features}
     if "int8" not in peaks and "+avx2" in features:  # int8 runs on vpmaddwd there
-        peaks["int8"] = measure_peak_gflops(threads, instruction="pmaddwd")
+        peaks["int8"] = measure_peak_gflops(threads, instruction="pmaddubsw" if narrow
+                                            else "pmaddwd")
     for column, dot in (("int8", "tdpbusd"), ("bf16", "tdpbf16ps")):
         if host_amx(dot):  # the dense and convolution kernels run on AMX tiles there
             peaks[column] = measure_tile_peak_gops(threads, dot)
@@ -141,14 +153,14 @@ def dot_peaks(threads: int) -> dict[str, float]:
 
 
 def low_precision(key: str, threads: int, trials: int, tuner_name: str, seed: int,
-                  target: str = "llvm") -> dict[str, Any]:
+                  target: str = "llvm", narrow: bool = False) -> dict[str, Any]:
     """int8 and bf16 columns for a plain key (``low_precision_keys``): tuned and default
     throughput (int8 in integer operations per second, counted like FLOPs). On a GPU: int8
     only (dp4a), with PyTorch's int8 matmul (cuBLASLt, tensor cores) where it has one."""
     row: dict[str, Any] = {}
     gpu = target.startswith("cuda")
     features = set() if gpu else set(host_features().split(","))
-    for column, lowp_key in low_precision_keys(key).items():
+    for column, lowp_key in low_precision_keys(key, narrow).items():
         if column == "bf16" and gpu:
             row[f"{column}_skipped"] = "no bf16 CUDA template yet"
             continue
@@ -195,13 +207,15 @@ def main() -> None:
     parser.add_argument("--only", action="append",
                         help="substring filter on workload keys (repeat: any of them)")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
+    parser.add_argument("--narrow-int8", action="store_true",
+                        help="int8 twins with weights within +-64 (weights=narrow)")
     parser.add_argument("--no-lowp", action="store_true",
                         help="skip the int8 and bf16 columns of dense and convolution rows")
     args = parser.parse_args()
     trials = args.trials or (12 if args.quick else 64)
     gpu = args.target.startswith("cuda")
     peak = None if gpu else measure_peak_gflops(args.threads)
-    lowp_peaks = {} if gpu or args.no_lowp else dot_peaks(args.threads)
+    lowp_peaks = {} if gpu or args.no_lowp else dot_peaks(args.threads, args.narrow_int8)
     rows = []
     keys = [*CUDA_EXTRA, *ALL] if gpu else ALL
     for key in [k for k in keys if not args.only or any(part in k for part in args.only)]:
@@ -215,7 +229,8 @@ def main() -> None:
             row["int8_vs_torch_int8"] = ratio(row.get("int8_tuned_gops"),
                                               row.get("int8_torch_gops"))
         if not gpu and not args.no_lowp:
-            row.update(low_precision(key, args.threads, trials, args.tuner, args.seed))
+            row.update(low_precision(key, args.threads, trials, args.tuner, args.seed,
+                                     narrow=args.narrow_int8))
             for column in ("int8", "bf16"):
                 row[f"{column}_vs_fp32"] = ratio(row.get(f"{column}_tuned_gops"),
                                                  row["tuned_gflops"])

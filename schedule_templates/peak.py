@@ -12,7 +12,9 @@ low-precision kernels, which is not always a multiple of the fp32 one: on an Int
 FMAs (64 flops per instruction against 32, issued a quarter as often), so bf16 there saves
 bytes, not arithmetic. Hosts without VNNI run int8 on ``pmaddwd`` (vpmaddwd + vpaddd on ymm,
 12 chains): on a Zen 3 it measured 150 GOPS per core against 103 GFLOPS of FMAs, so AVX2's
-int8 can at best be 1.45x the fp32 kernel there.
+int8 can at best be 1.45x the fp32 kernel there. Narrow weights (within +-64) run on
+``pmaddubsw`` (vpmaddubsw + vpmaddwd by ones + vpaddd, 4 byte products per lane), which the
+same loop measures too.
 """
 
 from __future__ import annotations
@@ -43,12 +45,14 @@ ITERATIONS = 1 << 20
 
 #: operations per 32-bit lane of one instruction (a multiply-add counts two): the fp32 FMA and
 #: the dot-product intrinsics of the low-precision kernels
-OPS_PER_LANE = {"fma": 2, "vpdpbusd": 8, "dpbf16ps": 4, "pmaddwd": 4}
+OPS_PER_LANE = {"fma": 2, "vpdpbusd": 8, "dpbf16ps": 4, "pmaddwd": 4, "pmaddubsw": 8}
 #: the operand's bits: 0.5 in fp32 (a contraction: values stay finite however long the loop
 #: runs), bytes of 1 for vpdpbusd (int32 wraps), a pair of bf16 0.5 for dpbf16ps, a pair of
-#: 16-bit 1 for pmaddwd (AVX2's int8 path: vpmaddwd then vpaddd)
+#: 16-bit 1 for pmaddwd (AVX2's int8 path: vpmaddwd then vpaddd), bytes of 1 for pmaddubsw
 OPERAND = {"fma": np.float32(0.5).view(np.int32), "vpdpbusd": 0x01010101,
-           "dpbf16ps": 0x3F003F00, "pmaddwd": 0x00010001}
+           "dpbf16ps": 0x3F003F00, "pmaddwd": 0x00010001, "pmaddubsw": 0x01010101}
+#: the AVX2 instructions: ymm registers (8 lanes), 12 chains (registers left for the operands)
+YMM_DOTS = ("pmaddwd", "pmaddubsw")
 
 
 def peak_kernel(threads: int, lanes: int, accumulators: int, instruction: str = "fma"
@@ -63,9 +67,9 @@ def peak_kernel(threads: int, lanes: int, accumulators: int, instruction: str = 
     a, unroll = loop("a", accumulators, LoopKind.UNROLL)
     v, vec = loop("v", lanes, LoopKind.VECTORIZE)
     _, steps = loop("i", ITERATIONS)
-    # pmaddwd adds its product to the accumulator outside the instruction: the product reads
-    # the accumulator, or LLVM would hoist it out of the loop
-    operand = acc[a, v] if instruction == "pmaddwd" else scale[v]
+    # the AVX2 dots add their product to the accumulator outside the instruction: the product
+    # reads the accumulator, or LLVM would hoist it out of the loop
+    operand = acc[a, v] if instruction in YMM_DOTS else scale[v]
     update: Expr = (acc[a, v] * scale[v] + scale[v] if fma
                     else Intrinsic(instruction, (acc[a, v], operand, scale[v])))
     body = par(Allocate(acc, (
@@ -86,9 +90,9 @@ def measure_peak_gflops(threads: int = 1, repeat: int = 15, instruction: str = "
     to another process for part of the time, and a few runs do not."""
     import ctypes
 
-    # AVX2's pmaddwd works on ymm registers: 8 lanes, 12 chains (two registers for operands)
-    lanes = host_vector_lanes() if instruction in ("fma", "pmaddwd") else 16
-    accumulators = 12 if instruction == "pmaddwd" else host_registers().accumulators
+    # AVX2's dots work on ymm registers: 8 lanes, 12 chains (registers for operands)
+    lanes = host_vector_lanes() if instruction in ("fma", *YMM_DOTS) else 16
+    accumulators = 12 if instruction in YMM_DOTS else host_registers().accumulators
     kernel = peak_kernel(threads, lanes, accumulators, instruction)
     compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 2)
     try:
