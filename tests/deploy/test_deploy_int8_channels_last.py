@@ -132,6 +132,9 @@ def test_tasks_of_a_blocked_plan_carry_the_int8_layouts(tmp_path: Path) -> None:
     convs = [key for key in laid if key.startswith("conv2d_int8")]
     assert len(convs) == 3 and all("layout=nhwc" in key for key in convs)
     assert set(both) == set(plain) | set(laid)
+    # machines of block 8 (AVX2: no VNNI) never plan channels-last int8: no twins to tune
+    assert [t.workload.key for t in extract_tasks(path, layout="auto", block=8).tasks
+            if t.workload.op == "conv2d_int8"] == [k for k in plain if "conv2d_int8" in k]
     plans = plan_indices(both)
     assert len(plans) == 2
     assert {both[i] for i in plans[0]} == set(plain)

@@ -140,7 +140,9 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
     found: dict[str, dict[str, tuple[Workload, list[str]]]] = {}
     unsupported: list[Unsupported] = []
     rejected = 0
-    laid = _channels_last(proto) if layout != "nchw" else None
+    # channels-last int8 activations are planned on hosts with AVX-512 VNNI only: machines of
+    # block 8 (AVX2) run the plain plan's int8 layers whatever the layout
+    laid = _channels_last(proto) if layout != "nchw" and block != 8 else None
     for index, node in enumerate(proto.graph.node):
         name = node.name or f"{node.op_type}_{index}"
         outcome = _map_node(node, name, graph)
