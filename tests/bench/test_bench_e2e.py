@@ -52,13 +52,16 @@ def test_summary_geomeans_and_wins_per_thread_count_and_group() -> None:
 def test_each_precision_is_summarized_and_checked_apart() -> None:
     rows = [_row("a", "zoo", 1, default=10.0, tuned=None, onnxruntime=10.0, openvino=10.0),
             _row("a-bf16", "zoo", 1, default=5.0, tuned=None, onnxruntime=10.0, openvino=4.0),
-            _row("a-int8", "zoo", 1, default=4.0, tuned=None, onnxruntime=6.0, openvino=8.0)]
+            _row("a-int8", "zoo", 1, default=4.0, tuned=None, onnxruntime=6.0, openvino=8.0),
+            _row("a-int8r", "zoo", 1, default=4.0, tuned=None, onnxruntime=4.0, openvino=8.0)]
     by_kind = {s["kind"]: s for s in e2e_report.summary(rows)}
-    assert set(by_kind) == {"zoo", "zoo bf16", "zoo int8"}
+    # 7-bit weights (--reduce-range) are a precision of their own
+    assert set(by_kind) == {"zoo", "zoo bf16", "zoo int8", "zoo int8r"}
+    assert by_kind["zoo int8r"]["geomean_default_vs_best"] == pytest.approx(1.0)
     assert by_kind["zoo"]["geomean_default_vs_best"] == pytest.approx(1.0)
     assert by_kind["zoo bf16"]["geomean_default_vs_best"] == pytest.approx(0.8)
     assert by_kind["zoo int8"]["geomean_default_vs_best"] == pytest.approx(1.5)
-    for row, error in zip(rows, (2e-3, 2e-3, 5e-2), strict=True):
+    for row, error in zip(rows, (2e-3, 2e-3, 5e-2, 5e-2), strict=True):
         row["engines"]["default"]["max_rel_error"] = error
     flagged = [line for line in e2e_report.problems(rows) if "relative error" in line]
     # fp32 is held to 1e-4, bf16 to 1e-2, int8 (whole quantization steps) is compared elsewhere
