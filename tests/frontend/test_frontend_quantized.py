@@ -149,3 +149,27 @@ def test_per_channel_activation_scale_is_a_model_error(tmp_path: Path) -> None:
     _replace(proto, scale, np.full(3, nh.to_array(scale).reshape(-1)[0], np.float32))
     with pytest.raises(ModelError, match="activation scale"):
         extract_tasks(proto)
+
+
+def test_a_table_after_a_node_of_one_input_is_left_alone() -> None:
+    """Only a table reading another table composes: a table after a one-input producer (a
+    byte Transpose, as in a quantized ViT) used to read that producer's missing second input
+    (IndexError from ``tuner build``)."""
+    from tuner_service.compiler.frontend.quantized_graph import QuantGraph
+    from tuner_service.compiler.frontend.quantized_scalar import composed_tables
+    from tuner_service.compiler.frontend.quantized_table import INT8_TABLE
+
+    h = onnx.helper
+    table = nh.from_array(np.arange(256, dtype=np.uint8)[::-1].copy(), "table")
+    nodes = [h.make_node("Transpose", ["x"], ["t"], "swap", perm=[1, 0]),
+             h.make_node(INT8_TABLE, ["t", "table"], ["y"], "lookup", domain=INT8_DOMAIN),
+             h.make_node(INT8_TABLE, ["y", "table"], ["z"], "again", domain=INT8_DOMAIN)]
+    graph = h.make_graph(nodes, "tables",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.UINT8, [2, 3])],
+                         [h.make_tensor_value_info("z", onnx.TensorProto.UINT8, [3, 2])],
+                         [table])
+    groups = list(composed_tables(QuantGraph(graph)))
+    # the two tables compose into one (the reversal twice: the identity); the Transpose stays
+    assert [sorted(g.nodes) for g in groups] == [[1, 2]]
+    composed = onnx.numpy_helper.to_array(groups[0].initializers[0])
+    np.testing.assert_array_equal(composed, np.arange(256, dtype=np.uint8))

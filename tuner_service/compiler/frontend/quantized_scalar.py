@@ -51,8 +51,10 @@ def composed_tables(view: QuantGraph) -> Iterator[Group]:
         if inner_at is None or inner_at in claimed or view.only_reader(node.input[0]) != position:
             continue
         inner = view.graph.node[inner_at]
+        if not _is_table(inner):  # any producer (one of a single input, say): nothing to compose
+            continue
         outer_table, inner_table = view.constant(node.input[1]), view.constant(inner.input[1])
-        if not _is_table(inner) or outer_table is None or inner_table is None:
+        if outer_table is None or inner_table is None:
             continue
         low = -128 if inner_table.dtype == np.int8 else 0
         table = outer_table[inner_table.astype(np.int16) - low]
