@@ -98,6 +98,24 @@ def test_narrow_weights_are_exact_on_every_instruction(instruction, key):
     np.testing.assert_array_equal(out, ref)
 
 
+@pytest.mark.parametrize("key", [
+    "conv2d_int8:N=1,C=128,H=7,W=7,K=32,R=3,S=3,pad=1,bias=s32,weights=narrow",
+    "conv2d_int8:N=1,C=64,H=14,W=14,K=48,R=3,S=3,stride=2,pad=1,weights=narrow,residual=s8",
+])
+def test_narrow_pixel_rows_of_five_are_exact(instruction, key):
+    """AVX2's vpmaddubsw takes 7x7 maps as pixel rows of 5 x 16 (its 5 accumulators): the
+    default there, and exact on every host's instruction."""
+    workload = parse_workload(key)
+    template = get_template(workload.op)
+    if x86_dot_gemm.workload_instruction(workload) is x86_dot_gemm.PMADDUBSW:
+        assert template.default_config(workload)["pk_tile"] == "5x16"
+    entities = {name: value for name, _, value in template.default_config(workload).entities}
+    columns = Geometry(workload, x86_dot_gemm.VNNI).columns
+    entities.update(pk_tile="5x16", tile_m=(workload.K, 1, 1), tile_n=(columns // 16, 1, 16))
+    out, ref, _ = run(key, entities=entities)
+    np.testing.assert_array_equal(out, ref)
+
+
 def test_narrow_hot_loop_without_vnni_is_vpmaddubsw(monkeypatch):
     monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: (
         x86_dot_gemm.PMADDUBSW if narrow else x86_dot_gemm.PMADDWD))
