@@ -36,55 +36,50 @@ def run(key, inputs=None, entities=None, threads=1):
         artifact.close()
 
 
+def _intrinsic_lanes(fn: str, start: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``fn(start, x, y)`` on 16 int32 lanes, by a generated kernel."""
+    lanes = 16
+    acc, xb, yb = (Buffer(n, (lanes,), dtype="int32") for n in ("acc", "x", "y"))
+    v, vec = loop("v", lanes, LoopKind.VECTORIZE)
+    kernel = Kernel(fn, (acc, xb, yb), (), (vec(store(acc[v], intrinsic(
+        fn, acc[v], xb[v], yb[v]))),))
+    arrays = [aligned_empty(lanes, dtype=np.int32) for _ in range(3)]
+    for array, values in zip(arrays, (start, x, y), strict=True):
+        array[:] = values
+    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 3)
+    try:
+        compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays], 1)
+    finally:
+        compiled.close()
+    return arrays[0]
+
+
 def test_pmaddwd_is_exact_at_the_extremes_of_u8_times_s8():
     lanes = 16
-    acc, x, y = (Buffer(n, (lanes,), dtype="int32") for n in ("acc", "x", "y"))
-    v, vec = loop("v", lanes, LoopKind.VECTORIZE)
-    kernel = Kernel("pmaddwd", (acc, x, y), (), (vec(store(acc[v], intrinsic(
-        "pmaddwd", acc[v], x[v], y[v]))),))
     rng = np.random.default_rng(0)
     lo = rng.choice([0, 1, 254, 255], size=lanes).astype(np.int32)
     hi = rng.choice([0, 1, 254, 255], size=lanes).astype(np.int32)
     wlo = rng.choice([-128, -127, 127, 0], size=lanes).astype(np.int32)
     whi = rng.choice([-128, -127, 127, 1], size=lanes).astype(np.int32)
     start = rng.integers(-2**30, 2**30, size=lanes).astype(np.int32)
-    arrays = [aligned_empty(lanes, dtype=np.int32) for _ in range(3)]
-    arrays[0][:] = start
-    arrays[1][:] = (lo | (hi << 16)).astype(np.int32)
-    arrays[2][:] = ((wlo & 0xFFFF) | (whi << 16)).astype(np.int32)
-    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 3)
-    try:
-        compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays], 1)
-    finally:
-        compiled.close()
-    expected = start.astype(np.int64) + lo * wlo + hi * whi
-    np.testing.assert_array_equal(arrays[0], expected)
+    got = _intrinsic_lanes("pmaddwd", start, (lo | (hi << 16)).astype(np.int32),
+                           ((wlo & 0xFFFF) | (whi << 16)).astype(np.int32))
+    np.testing.assert_array_equal(got, start.astype(np.int64) + lo * wlo + hi * whi)
 
 
 def test_pmaddubsw_is_exact_at_the_extremes_of_narrow_weights():
     """u8 255 times weights of +-64: the largest pair sums (+-32640) fit int16 unsaturated."""
     lanes = 16
-    acc, x, y = (Buffer(n, (lanes,), dtype="int32") for n in ("acc", "x", "y"))
-    v, vec = loop("v", lanes, LoopKind.VECTORIZE)
-    kernel = Kernel("pmaddubsw", (acc, x, y), (), (vec(store(acc[v], intrinsic(
-        "pmaddubsw", acc[v], x[v], y[v]))),))
     rng = np.random.default_rng(0)
     data = rng.choice([0, 1, 254, 255], size=(lanes, 4)).astype(np.uint8)
     data[0] = 255
     weight = rng.choice([-64, -63, 63, 64, 0], size=(lanes, 4)).astype(np.int8)
     weight[0], weight[1] = 64, -64
     start = rng.integers(-2**30, 2**30, size=lanes).astype(np.int32)
-    arrays = [aligned_empty(lanes, dtype=np.int32) for _ in range(3)]
-    arrays[0][:] = start
-    arrays[1][:] = data.view(np.int32).reshape(-1)
-    arrays[2][:] = weight.view(np.int32).reshape(-1)
-    compiled = CompiledKernel(generate_llvm_ir(kernel), kernel.name, 3)
-    try:
-        compiled.function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays], 1)
-    finally:
-        compiled.close()
+    got = _intrinsic_lanes("pmaddubsw", start, data.view(np.int32).reshape(-1),
+                           weight.view(np.int32).reshape(-1))
     expected = start.astype(np.int64) + (data.astype(np.int64) * weight).sum(axis=1)
-    np.testing.assert_array_equal(arrays[0], expected)
+    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("key", [
