@@ -98,11 +98,13 @@ def register_tile(M: int, N: int, registers: RegisterFile = AVX512) -> tuple[int
     nr's vectors, then the wider nr). On BERT's 128x768 denses 8x48
     (24 zmm) ran ~10% faster than 4x64 (16 zmm), the first-fit choice it replaces. On AVX2
     hosts the budget is 14 ymm: AVX-512's 8x48 would need 48 and spill (a 1024^3 dense ran 3x
-    slower with it than with 4x16)."""
+    slower with it than with 4x16). Widths of whole registers only, where N has any: ViT's
+    attention scores (N = 197, computed as 200) took 2 x 50, six ymm and a 2-lane remainder,
+    and ran 1.8x slower than 2 x 40 (Zen 3)."""
     best: tuple[int, int, int, int] = (0, 0, 0, 0)
-    for nr in divisors(N):
-        if nr > MAX_NR:
-            break
+    widths = [nr for nr in divisors(N) if nr <= MAX_NR]
+    whole = [nr for nr in widths if nr % registers.lanes == 0]
+    for nr in whole or widths:
         mr = largest_divisor(M, min(MAX_MR, registers.accumulators // registers.vregs(nr)))
         best = max(best, (mr * nr, -(mr + registers.vregs(nr)), nr, mr))
     return best[3], best[2]

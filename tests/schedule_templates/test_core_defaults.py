@@ -126,6 +126,9 @@ def test_gemm_register_tile_fits_an_avx2_register_file():
     assert (mr, nr) == (4, 24) and mr * AVX2.vregs(nr) <= AVX2.accumulators
     # equal work per step: the tile with fewer loads per step (2 + 4 vectors, not 1 + 8)
     assert register_tile(1024, 1024, AVX2) == (2, 32)
+    # whole registers where N has such widths: 2 x 40, not 2 x 50 (six ymm and 2 lanes)
+    assert register_tile(200, 200, AVX2) == (2, 40)
+    assert register_tile(8, 1000) == (8, 40)  # no width of 1000 is 16 lanes whole: all compete
 
 
 def test_winograd_default_fits_the_register_file_it_is_given():
@@ -144,7 +147,7 @@ def test_gemm_default_gives_two_threads_even_work(key):
     config = get_template(workload.op).default_config(workload)
     batch = getattr(workload, "B", 1)
     assert batch * config["tile_m"][0] * config["tile_n"][0] >= 8
-    assert config["tile_m"][2] * vregs(config["tile_n"][2]) >= 4
+    assert config["tile_m"][2] * host_registers().vregs(config["tile_n"][2]) >= 4
 
 
 @pytest.mark.parametrize(("key", "order"), [
