@@ -21,7 +21,7 @@ Depthwise layers (one input channel per group) have a kernel of their own
 On small maps the dropped columns are much of the work (7x7: 64 columns for 49 pixels), so the
 space has a second orientation, pixel rows (``pk_tile=RxW``, ``x86_pixel_rows``): rows are the
 real output pixels and columns output channels, stored one byte at a time into NCHW; the
-default takes it where that beats the dropped columns (VNNI hosts).
+default takes it where that beats the dropped columns (5 x 16 on AVX2, whose registers are fewer).
 
 On hosts with AMX, a layer whose groups have a multiple of 64 input channels (one tile step,
 64 bytes, stays inside one tap) runs the GEMM on tiles (``x86_amx_gemm``): ``tdpbsud`` with

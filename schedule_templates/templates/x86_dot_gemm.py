@@ -63,8 +63,6 @@ class DotInstruction:
     acc_dtype: str
     steps: int = 1
     acc_vectors: int = ACC_REGISTERS
-    #: whether the convolutions' default may take pixel rows (``x86_pixel_rows``)
-    pixel_rows: bool = True
 
     @property
     def per_word(self) -> int:
@@ -80,7 +78,7 @@ VNNI = DotInstruction("vpdpbusd", 4, "int32")
 BF16 = DotInstruction("dpbf16ps", 2, "float32")
 # 16 ymm registers: 6 accumulators of 16 lanes are 12 of them, leaving room for the panel's
 # loads and a broadcast
-PMADDWD = DotInstruction("pmaddwd", 4, "int32", steps=2, acc_vectors=6, pixel_rows=False)
+PMADDWD = DotInstruction("pmaddwd", 4, "int32", steps=2, acc_vectors=6)
 # VNNI's bytes and layout through vpmaddubsw + vpmaddwd by ones (``llvm_x86_int``): exact for
 # narrow weights only; 5 accumulators of 16 lanes leave registers for the ones, the loads and
 # the broadcast (6 spilled in a register-tile model of the nest on Zen 3); pixel rows of

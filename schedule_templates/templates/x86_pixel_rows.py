@@ -32,9 +32,9 @@ from schedule_templates.templates.x86_int8_phases import Geometry
 
 #: the ``pk_tile`` knob: ``none`` (channel rows) or pixel rows, ``RxW``: R pixels by W output
 #: channels per register tile
-#: (``5x16``, appended later so older indices keep their meaning: AVX2's vpmaddubsw, whose
-#: accumulators are 5 of 16 lanes; on Zen 3, ResNet-50's 7x7 layers ran 15-35% faster so and
-#: the 14x14 3x3 ones 11%, against channel rows with their dropped columns)
+#: (``5x16``, appended later so older indices keep their meaning: AVX2's int8 instructions,
+#: whose accumulators are 5 or 6 of 16 lanes; on Zen 3, ResNet-50's 7x7 layers ran 15-35%
+#: faster so and the 14x14 3x3 ones 11-16%, against channel rows with their dropped columns)
 PK_TILES = ("none", "6x64", "4x64", "5x64", "7x32", "8x32", "6x32", "4x32", "12x16", "5x16")
 #: what one pixel-row register of 16 channels costs to store into NCHW, one lane at a time, in
 #: reduction words' time (the default weighs it against the dropped columns it saves)
@@ -96,12 +96,13 @@ def pixel_rows_default(geo: Geometry, inst: DotInstruction, forced: bool = False
                        ) -> str | None:
     """The ``pk_tile`` where pixel rows beat channel rows, else None: the columns the default
     orientation computes against the pixels rounded up to whole tiles, each output paying its
-    lane-by-lane store on top of its reduction words. Only for instructions whose
-    ``pixel_rows`` allows it (not vpmaddwd's 16-bit pairs), unless ``forced`` (the tile alone
-    is chosen). Tiles that fit the instruction's accumulators: ``5x16`` for vpmaddubsw's 5."""
+    lane-by-lane store on top of its reduction words (``forced``: the tile alone is chosen).
+    Tiles that fit the instruction's accumulators: ``5x16`` on AVX2 (vpmaddubsw's 5, vpmaddwd's
+    6: ResNet-50's 7x7 and 14x14 3x3 layers ran 16-27% faster so than as channel rows on Zen 3,
+    with either instruction)."""
     wl = geo.wl
     kg = wl.group_out
-    if (not inst.pixel_rows and not forced) or kg % LANES:
+    if kg % LANES:
         return None
     pixels = wl.out_h * wl.out_w
     # at least PK_MIN_ROWS pixels per tile; among those computing at most 2% more rows than

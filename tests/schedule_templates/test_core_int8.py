@@ -127,6 +127,18 @@ def test_the_space_does_not_depend_on_the_instruction(monkeypatch):
     assert mr * nr // 16 <= 6
 
 
+def test_avx2_takes_pixel_rows_of_five_on_small_maps(monkeypatch):
+    """Without VNNI a 7x7 map runs as pixel rows of 5 x 16 (vpmaddwd's 6 accumulators hold
+    them; channel rows would drop 15 of 64 columns), exactly."""
+    monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: (
+        x86_dot_gemm.PMADDUBSW if narrow else x86_dot_gemm.PMADDWD))
+    key = "conv2d_int8:N=1,C=128,H=7,W=7,K=32,R=3,S=3,pad=1,bias=s32"
+    workload = parse_workload(key)
+    assert get_template(workload.op).default_config(workload)["pk_tile"] == "5x16"
+    out, ref, _ = run(key)
+    np.testing.assert_array_equal(out, ref)
+
+
 def test_avx2_hot_loop_is_vpmaddwd(monkeypatch):
     monkeypatch.setattr(x86_dot_gemm, "int8_instruction", lambda narrow=False: x86_dot_gemm.PMADDWD)
     _, _, asm = run("dense_int8:M=8,N=64,K=64")
