@@ -179,7 +179,10 @@ onnxruntime| / max |onnxruntime| over the outputs (target 1e-4). OpenVINO comes 
 scripts/setup.sh` (the `bench` extra); where it did not run, the best peer is onnxruntime
 and Problems says so. Thread wait policy: `bench/omp_policy.py` (see `WAIT_POLICY` in
 `tuner_service/compiler/deploy/loader.py`). Rows named `MODEL-int8` (`--int8`) run the model
-quantized by onnxruntime's `quantize_static` (QDQ) in every engine; rows named `MODEL-bf16`
+quantized by onnxruntime's `quantize_static` (QDQ) in every engine, our int8 layers summing
+their products as onnxruntime does on the measuring CPU (`tuner build --int8 auto`: pairs in
+saturating 16 bits without AVX-512 VNNI, exactly with it; a library's `int8_arithmetic` says
+which); rows named `MODEL-bf16`
 (`--bf16`) are our `--precision bf16` build against onnxruntime fp32 and OpenVINO in bf16
 (target error 1e-2). The summary keeps each precision apart. With `--paired ROUNDS`, a row's
 ratios come from its "paired ms" column instead: our builds and both peers run in turn in one

@@ -116,7 +116,8 @@ def build(path: str, out: Path, configs: Path | None = None, threads: int | None
         return {"error": error}
     return {"build_s": round(seconds, 1), "kernels": data["kernels"], "layers": data["layers"],
             "tuned_kernels": data.get("tuned", 0) + data.get("int8_tuned", 0),
-            "bf16_layers": data.get("bf16_layers", 0)}
+            "bf16_layers": data.get("bf16_layers", 0),
+            "int8_arithmetic": data.get("int8_arithmetic", "exact")}
 
 
 def run_ours(path: str, library: Path, threads: int, iterations: int) -> dict[str, Any]:

@@ -341,7 +341,7 @@ def _packed_data(wl: Conv2dInt8, geo: Geometry, data: np.ndarray) -> np.ndarray:
 
 def _channels_last_tiles(wl: Conv2dInt8) -> bool:
     """Whether a channels-last layer runs on AMX tiles here (``x86_amx_channels_last``)."""
-    return (x86_dot_gemm.int8_instruction() is VNNI and not is_depthwise(wl)
+    return (x86_dot_gemm.workload_instruction(wl) is VNNI and not is_depthwise(wl)
             and on_tiles(wl) and x86_amx_gemm.host_amx("tdpbusd"))
 
 

@@ -88,7 +88,7 @@ class DenseInt8X86(Template):
     def lower(self, workload: Workload, config: Config) -> Kernel:
         wl = _as(workload, DenseInt8)
         inst = x86_dot_gemm.workload_instruction(wl)
-        plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N) if _on_tiles() else None
+        plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N) if _on_tiles(wl) else None
         if plan is None:
             nr = config["tile_n"][2]
             n_pad, rows_m = padded_n(wl.N), wl.M
@@ -154,7 +154,7 @@ class DenseInt8X86(Template):
         data = typed(inputs, "data", np.uint8)
         data_zp = int(typed(inputs, "data_zero_point", np.uint8).reshape(-1)[0])
         scale = np.asarray(inputs["scale"], dtype=np.float32).reshape(-1)
-        if _on_tiles():
+        if _on_tiles(wl):
             plan = x86_amx_gemm.amx_blocking(config, wl.M, wl.N)
             n_pad, in_place = plan.N, _amx_in_place(wl, plan)
             packed = pack_amx_panels(weight, n_pad)
@@ -176,10 +176,11 @@ class DenseInt8X86(Template):
         return args
 
 
-def _on_tiles() -> bool:
-    """AMX where the host has it (every such CPU has VNNI: a test forcing another instruction
-    forces the vector kernel)."""
-    return x86_dot_gemm.int8_instruction() is VNNI and x86_amx_gemm.host_amx("tdpbusd")
+def _on_tiles(wl: DenseInt8) -> bool:
+    """AMX where the host has it (every such CPU has VNNI: a test forcing another instruction,
+    or a key of another arithmetic, ``weights=sat16``, takes the vector kernel)."""
+    return (x86_dot_gemm.workload_instruction(wl) is VNNI
+            and x86_amx_gemm.host_amx("tdpbusd"))
 
 
 def _amx_in_place(wl: DenseInt8, plan: x86_amx_gemm.AmxBlocking) -> bool:

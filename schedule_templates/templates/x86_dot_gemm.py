@@ -99,8 +99,10 @@ def int8_instruction(narrow: bool = False) -> DotInstruction:
 
 def workload_instruction(workload: object) -> DotInstruction:
     """The int8 instruction a ``dense_int8`` or ``conv2d_int8`` lowers to here (its
-    ``weights`` field says whether they are narrow)."""
-    return int8_instruction(getattr(workload, "weights", "full") == "narrow")
+    ``weights`` field says whether they are narrow); ``weights=sat16`` is vpmaddubsw's own
+    arithmetic, so vpmaddubsw on every host."""
+    weights = getattr(workload, "weights", "full")
+    return PMADDUBSW if weights == "sat16" else int8_instruction(weights == "narrow")
 
 
 def padded_n(N: int) -> int:

@@ -20,6 +20,11 @@ VNNI): there a host without VNNI multiplies the bytes with ``vpmaddubsw``, whose
 sums cannot saturate with such weights, instead of widening them to 16 bits; a template refuses
 wider weights for such a key at pack time (``check_weights``). The arithmetic and the
 reference are the same either way.
+``weights=sat16`` takes any int8 weights and sums each pair of byte products (reduction
+indices 2j and 2j+1, as the packed layouts hold them) on 16 bits that saturate, as
+``vpmaddubsw`` does: the arithmetic of onnxruntime's u8 x s8 kernels (and oneDNN's) on CPUs
+without VNNI, whose outputs it reproduces there. Every x86 host runs it on ``vpmaddubsw``; the
+reference applies the same saturation (``sat16_correction``).
 ``add=u8|s8`` fuses the quantized addition of a per-column constant that follows the product in
 a QDQ model (BERT's bias: ``Int8Add`` of the 8-bit output and an 8-bit vector) into the output
 stage, exactly as the two steps compute it (``add_requantized``): the u8/s8 output above is
@@ -61,10 +66,14 @@ QUANT_CHOICES: dict[str, tuple[str, ...]] = {
     "out": ("u8", "s8", "f32"),
     "scale": ("channel", "tensor"),
     "bias": ("none", "s32"),
-    "weights": ("full", "narrow"),
+    "weights": ("full", "narrow", "sat16"),
 }
 #: the largest weight magnitude of ``weights=narrow`` (255 * 2 * 64 fits a saturating int16)
 NARROW_WEIGHT = 64
+#: the range ``weights=sat16`` saturates each pair of byte products to (``vpmaddubsw``'s)
+INT16_MIN, INT16_MAX = -32768, 32767
+#: a pair of weights whose positive (or negative) parts sum past this can saturate with u8 data
+_SAFE_PAIR = INT16_MAX // 255
 QUANT_CONSTANTS = ("weight", "data_zero_point", "scale", "bias", "out_zero_point")
 #: the fused quantized addition's inputs (``dense_int8``'s ``add``)
 ADD_INPUTS = ("add_value", "add_scale", "add_zero_point")
@@ -98,6 +107,34 @@ def check_weights(workload: Workload, weight: np.ndarray) -> None:
             f"{int(np.abs(np.asarray(weight).astype(np.int32)).max())}; use weights=full")
 
 
+def can_saturate(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Per weight pair: whether some u8 data saturates its 16-bit sum of products."""
+    a, b = first.astype(np.int32), second.astype(np.int32)
+    high = np.maximum(a, 0) + np.maximum(b, 0)
+    low = np.maximum(-a, 0) + np.maximum(-b, 0)
+    return (high > _SAFE_PAIR) | (low > _SAFE_PAIR)
+
+
+def saturated(pairs: np.ndarray) -> np.ndarray:
+    """What ``weights=sat16`` takes from exact pair sums (int64): ``clip(p) - p``, at most 0
+    above and at least 0 below."""
+    return np.clip(pairs, INT16_MIN, INT16_MAX) - pairs
+
+
+def sat16_correction(data: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``[M, N]``: what saturating 16-bit pair sums take from the exact products of u8
+    ``data[M, K]`` and s8 ``weight[N, K]`` (pairs 2j, 2j+1 along K; an odd K's last value
+    pairs with a zero). Only pairs that some row can saturate are computed."""
+    a, w = data.astype(np.int64), weight.astype(np.int64)
+    if w.shape[1] % 2:
+        a, w = np.pad(a, ((0, 0), (0, 1))), np.pad(w, ((0, 0), (0, 1)))
+    corr = np.zeros((a.shape[0], w.shape[0]), dtype=np.int64)
+    for j in np.flatnonzero(can_saturate(w[:, 0::2], w[:, 1::2]).any(axis=0)):
+        corr += saturated(np.outer(a[:, 2 * j], w[:, 2 * j]) +
+                          np.outer(a[:, 2 * j + 1], w[:, 2 * j + 1]))
+    return corr
+
+
 def quantized_inputs(rng: np.random.Generator | int, data_shape: Shape, weight_shape: Shape,
                      taps: int, channels: int, scale: str, bias: str, out: str,
                      weights: str = "full") -> dict[str, np.ndarray]:
@@ -108,7 +145,7 @@ def quantized_inputs(rng: np.random.Generator | int, data_shape: Shape, weight_s
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     bound = NARROW_WEIGHT if weights == "narrow" else 127
     # 74 and 73 (37 narrow): the u8 and s8 values' root mean squares
-    spread = float(np.sqrt(taps)) * 74.0 * (73.0 if weights == "full" else 37.0)
+    spread = float(np.sqrt(taps)) * 74.0 * (37.0 if weights == "narrow" else 73.0)
     typical = (40.0 if out != "f32" else 1.0) / spread
     count = channels if scale == "channel" else 1
     inputs: dict[str, np.ndarray] = {
@@ -199,7 +236,8 @@ class DenseInt8(Workload):
         "dense_int8:M=4,N=16,K=8,out=f32", "dense_int8:M=3,N=20,K=10,bias=s32",
         "dense_int8:M=7,N=33,K=13,out=s8", "dense_int8:M=7,N=33,K=13,bias=s32,add=u8",
         "dense_int8:M=5,N=20,K=12,out=s8,scale=tensor,add=s8",
-        "dense_int8:M=5,N=40,K=22,bias=s32,weights=narrow")
+        "dense_int8:M=5,N=40,K=22,bias=s32,weights=narrow",
+        "dense_int8:M=5,N=40,K=22,bias=s32,weights=sat16")
 
     def validate(self) -> None:
         if self.add != "none" and self.out == "f32":
@@ -226,12 +264,14 @@ class DenseInt8(Workload):
         return 2 * self.M * self.N * self.K
 
     def accumulate(self, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The exact int32 accumulators, bias included (fp64 BLAS is exact here: every partial
+        """The int32 accumulators, bias included (fp64 BLAS is exact here: every partial
         sum is an integer far below 2**53)."""
         data = np.asarray(inputs["data"], dtype=np.float64)
         zp = float(np.asarray(inputs["data_zero_point"]).reshape(-1)[0])
         weight = np.asarray(inputs["weight"], dtype=np.float64)
         acc = (data - zp) @ weight.T
+        if self.weights == "sat16":
+            acc += sat16_correction(np.asarray(inputs["data"]), np.asarray(inputs["weight"]))
         if self.bias == "s32":
             acc += np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.N)
         return acc.astype(np.int32)

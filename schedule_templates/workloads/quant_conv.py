@@ -23,8 +23,10 @@ Parameters (the contract the ONNX front end builds keys from):
 ``N, C, H, W, K, R, S`` (ints), ``stride`` (pair), ``pad`` (quad: top, left, bottom, right),
 ``dilation`` (pair), ``groups`` (int, default 1), ``out`` in ``u8|s8|f32`` (default u8),
 ``scale`` in ``channel|tensor`` (default channel), ``bias`` in ``none|s32`` (default none),
-``weights`` in ``full|narrow`` (default full; narrow: every weight within [-64, 64], see
-``lowp``).
+``weights`` in ``full|narrow|sat16`` (default full; narrow: every weight within [-64, 64];
+sat16: the pairs of byte products along each tap's input channels summed on saturating 16 bits,
+onnxruntime's arithmetic without VNNI; see ``lowp``; only for an even number of channels per
+group, where onnxruntime's pairs, over taps and channels in that order, are the same).
 Inputs, in call order: ``data`` u8 [N,C,H,W], ``weight`` s8 [K,C/groups,R,S],
 ``data_zero_point`` u8 [1], ``scale`` f32 [K] or [1], ``bias`` int32 [K] (``bias=s32``),
 ``out_zero_point`` u8/s8 [1] (not for ``out=f32``). Output [N,K,OH,OW] of the ``out`` type.
@@ -65,9 +67,11 @@ from schedule_templates.workloads.lowp import (
     QUANT_NUMPY,
     QUANT_PARAMS,
     QUANT_RANGES,
+    can_saturate,
     quantized_inputs,
     quantized_shapes,
     requantize,
+    saturated,
 )
 
 #: the activation layouts a ``conv2d_int8`` reads and writes
@@ -125,6 +129,7 @@ class Conv2dInt8(_Grouped):
         "conv2d_int8:N=1,C=16,H=5,W=6,K=32,R=1,S=1,residual=s8,out=s8,in_layout=nhwc,"
         "residual_layout=nhwc",
         "conv2d_int8:N=1,C=12,H=9,W=7,K=16,R=3,S=3,stride=2,pad=1,bias=s32,weights=narrow",
+        "conv2d_int8:N=1,C=12,H=9,W=7,K=16,R=3,S=3,stride=2,pad=1,groups=2,weights=sat16",
         "conv2d_int8:N=1,C=8,H=7,W=9,K=32,R=3,S=3,pad=1,in_layout=nhwc,out_layout=nhwc,"
         "weights=narrow",
     )
@@ -142,6 +147,10 @@ class Conv2dInt8(_Grouped):
         if self.channels_last and (self.groups != 1 or self.K % 16):
             raise InvalidWorkloadError("conv2d_int8: channels-last activations (a layout "
                                        "nhwc) need one group and K a multiple of 16")
+        if self.weights == "sat16" and self.group_in % 2:
+            raise InvalidWorkloadError(
+                "conv2d_int8: weights=sat16 sums pairs of a tap's input channels, so it needs "
+                "an even number per group (onnxruntime pairs an odd count across taps)")
         if self.in_layout == "nhwc" and self.C % 4:
             raise InvalidWorkloadError("conv2d_int8: a channels-last input (in_layout=nhwc) "
                                        "needs C a multiple of 4 (whole words of channels)")
@@ -186,12 +195,32 @@ class Conv2dInt8(_Grouped):
             data = data.transpose(0, 3, 1, 2)
         centered = data - zp  # padding adds 0
         total = self._grouped_sum(centered, np.asarray(inputs["weight"], dtype=np.float64))
+        if self.weights == "sat16":
+            total = total + self._sat16_correction(centered, zp, np.asarray(inputs["weight"]))
         if self.bias == "s32":
             total = total + np.asarray(inputs["bias"], dtype=np.float64).reshape(1, self.K, 1)
         acc = total.reshape(self.N, self.K, self.out_h, self.out_w)
         if self.out_layout == "nhwc":
             acc = acc.transpose(0, 2, 3, 1)
         return np.ascontiguousarray(acc).astype(np.int32)
+
+    def _sat16_correction(self, centered: np.ndarray, zp: float, weight: np.ndarray
+                          ) -> np.ndarray:
+        """(N, K, pixels): what ``weights=sat16`` takes from the exact sums: each tap's input
+        channels 2j, 2j+1 of a group form a pair over the raw bytes (padding holds the zero
+        point, as the kernels' and onnxruntime's do)."""
+        g, gi, go = self.groups, self.group_in, self.group_out
+        pixels = self.out_h * self.out_w
+        w = np.asarray(weight, dtype=np.int64).reshape(g, go, gi, self.R, self.S)
+        corr = np.zeros((self.N, g, go, pixels), dtype=np.int64)
+        for r, s, window in self._windows(centered):
+            raw = np.rint(window + zp).astype(np.int64).reshape(self.N, g, gi, pixels)
+            risky = can_saturate(w[:, :, 0::2, r, s], w[:, :, 1::2, r, s]).any(axis=(0, 1))
+            for j in np.flatnonzero(risky):
+                pairs = (raw[:, :, None, 2 * j, :] * w[None, :, :, 2 * j, r, s, None]
+                         + raw[:, :, None, 2 * j + 1, :] * w[None, :, :, 2 * j + 1, r, s, None])
+                corr += saturated(pairs)
+        return corr.reshape(self.N, self.K, pixels).astype(np.float64)
 
     def channel_shape(self) -> Shape:
         """The shape a per-output-channel vector broadcasts against the output with."""

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner_service.cli.models import add_input_shape_flag, input_shapes
+from tuner_service.cli.models import add_input_shape_flag, add_int8_flag, input_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "values with fp32 sums, tensors between layers stay fp32 (needs AVX-512 "
                        "BF16; about 2x on CPUs whose BF16 unit keeps pace with their FMAs, "
                        "slower on others: see docs/kernels.md); default fp32")
+    add_int8_flag(build, "the library's")
     build.add_argument("--standalone", action="store_true",
                        help="also write OUT/model.program and OUT/model.weights, so that C code "
                        "runs the model through the library alone (docs/native.md)")
@@ -120,7 +121,7 @@ def run_build(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         manifest = build_with_layout(data, book, args.output, args.target, args.threads,
                                      input_shapes(args), layout=args.layout,
-                                     precision=args.precision)
+                                     precision=args.precision, int8=args.int8)
         standalone = _standalone(data, args) if args.standalone else None
     except (DeployError, FrontendError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -207,6 +208,7 @@ def build_summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
         "int8_tuned": sum(k.get("config_source") == "tuned" for k in int8_layers),
         "layout": manifest.get("layout", {"mode": "nchw"}),
         "precision": manifest.get("precision", "fp32"),
+        "int8_arithmetic": manifest.get("int8_arithmetic", "exact"),
         "bf16_layers": sum(str(layer["workload"]).split(":")[0].endswith("_bf16")
                            for layer in manifest["layers"]),
         "threads": manifest["threads"],

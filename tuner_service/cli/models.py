@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          "dense_bf16 and conv2d_bf16 keys to tune with `tuner tune KEY`); "
                          "default fp32")
     add_layout_flags(extract, "the tasks of")
+    add_int8_flag(extract, "the tasks of a library with")
     extract.add_argument("--json", action="store_true", help="print JSON instead of a table")
     extract.set_defaults(func=run_extract)
 
@@ -69,6 +70,16 @@ def add_layout_flags(parser: argparse.ArgumentParser, what: str) -> None:
                         "CPU that runs the library (8 AVX2, 16 AVX-512; default: this CPU's)")
 
 
+def add_int8_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--int8 auto|exact|sat16`` (build, extract): how a quantized model's int8 layers sum
+    their products (``frontend.int8_arithmetic``)."""
+    parser.add_argument("--int8", choices=("auto", "exact", "sat16"), default="auto",
+                        help=f"{what} int8 layers summing u8 x s8 products exactly (exact) or "
+                        "in saturating 16-bit pairs as onnxruntime does on CPUs without VNNI "
+                        "(sat16, faster there); auto: onnxruntime's arithmetic on this CPU "
+                        "(default)")
+
+
 def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     """The parsed ``--input-shape`` flags (None if there are none); ModelError if malformed."""
     items = getattr(args, "input_shape", None) or []
@@ -89,7 +100,7 @@ def run_extract(args: argparse.Namespace) -> int:
     try:
         # a path, not bytes: external data files are read from the model's folder
         result = extract_tasks(args.model, input_shapes(args), precision=args.precision,
-                               layout=args.layout, block=_block(args))
+                               layout=args.layout, block=_block(args), int8=args.int8)
     except ModelError as e:
         print(f"error: {args.model}: {e}", file=sys.stderr)
         return EXIT_BAD_MODEL

@@ -57,6 +57,7 @@ from tuner_service.compiler.deploy.ops_tensor import TENSOR_OPS
 from tuner_service.compiler.frontend.fusion import Layer, node_name, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
 from tuner_service.compiler.frontend.graph import index_graph
+from tuner_service.compiler.frontend.int8_arithmetic import apply_int8_arithmetic
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.precision import PRECISIONS, apply_precision
 from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN, int8_layer_workload
@@ -110,6 +111,7 @@ class ModelRunner:
                            else input_shapes)
         self._opset = _default_opset(proto)
         self._opsets = model_opsets(proto)
+        apply_int8_arithmetic(proto, manifest_int8(library.manifest))
         self._run_seconds = 0.0
         self._shapes = _static_shapes(proto)
         layers = apply_precision(plan_layers(proto), manifest_precision(library.manifest))
@@ -319,6 +321,15 @@ def _last_index(layer: Layer, graph: onnx.GraphProto) -> int:
     if len(found) != len(names):
         raise DeployError(f"layer {layer.nodes[0]} names nodes that are not in the graph")
     return max(found)
+
+
+def manifest_int8(manifest: dict[str, Any]) -> str:
+    """The arithmetic of the library's int8 layers (``int8_arithmetic``; absent: exact)."""
+    arithmetic = str(manifest.get("int8_arithmetic", "exact"))
+    if arithmetic not in ("exact", "sat16"):
+        raise LibraryError(f"the manifest names an unknown int8 arithmetic {arithmetic!r}; "
+                           "rebuild the library with this version")
+    return arithmetic
 
 
 def manifest_precision(manifest: dict[str, Any]) -> str:

@@ -47,7 +47,8 @@ RUNS = 3
 def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
                       target: str = "llvm", threads: int | None = None,
                       input_shapes: InputShapes | None = None, generated: bool = True,
-                      layout: str = "auto", precision: str = "fp32") -> dict[str, Any]:
+                      layout: str = "auto", precision: str = "fp32", int8: str = "auto"
+                      ) -> dict[str, Any]:
     """``build_library`` for ``nchw`` and ``nchwc``; for ``auto`` both, each with the configs
     of its own workloads, timed, the faster kept (the plain plan alone where the blocked one
     would block nothing, or without generated operators)."""
@@ -56,11 +57,11 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
         layout = "nchw"  # blocked plans need the generated transforms
     if layout != "auto":
         return build_library(model, book, out_dir, target, threads, input_shapes, generated,
-                             layout, precision)
+                             layout, precision, int8=int8)
     with tempfile.TemporaryDirectory(prefix="tuner-layout-") as tmp:
         dirs = {mode: Path(tmp) / mode for mode in ("nchw", "nchwc")}
         manifests = {mode: build_library(model, book, path, target, threads, input_shapes,
-                                         generated, mode, precision)
+                                         generated, mode, precision, int8=int8)
                      for mode, path in dirs.items()}
         if not _blocks_anything(manifests["nchwc"]):
             # nothing would be blocked (no conv layers): the two libraries are the same
@@ -72,7 +73,8 @@ def build_with_layout(model: ModelInput, book: ConfigBook, out_dir: Path,
         for name, plain in mixed.items():  # per-layer layouts: some conv layers kept plain
             dirs[name] = Path(tmp) / name
             manifests[name] = build_library(model, book, dirs[name], target, threads,
-                                            input_shapes, generated, "nchwc", precision, plain)
+                                            input_shapes, generated, "nchwc", precision, plain,
+                                            int8)
         if mixed:  # every plan timed again, side by side
             medians = _time_libraries(model, dirs, input_shapes)
         chosen = min(medians, key=lambda mode: medians[mode])

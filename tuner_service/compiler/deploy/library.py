@@ -62,8 +62,10 @@ from tuner_service.compiler.deploy.layout import (
     layout_entry,
 )
 from tuner_service.compiler.deploy.native_build import RUNTIME_LIBS, compile_runtime
+from tuner_service.compiler.frontend.errors import ModelError
 from tuner_service.compiler.frontend.fusion import Layer, plan_layers
 from tuner_service.compiler.frontend.generated import GeneratedLayer, plan_generated
+from tuner_service.compiler.frontend.int8_arithmetic import apply_int8_arithmetic, resolve_int8
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
 from tuner_service.compiler.frontend.precision import PRECISIONS, apply_precision
 from tuner_service.compiler.frontend.shapes import InputShapes
@@ -107,7 +109,7 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
                   target: str = "llvm", threads: int | None = None,
                   input_shapes: InputShapes | None = None, generated: bool = True,
                   layout: str = "nchw", precision: str = "fp32",
-                  plain_layers: Collection[str] = ()) -> dict[str, Any]:
+                  plain_layers: Collection[str] = (), int8: str = "auto") -> dict[str, Any]:
     """Compile, link and describe; returns the manifest (also written to ``out_dir``).
 
     ``threads`` is the library's default run thread count: by default the one the configs
@@ -118,14 +120,20 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
     chains, pooling, softmax, ...) into the library too; without it they run in numpy.
     ``layout`` ``nchwc`` runs conv-family layers on blocked activations (``deploy.layout``)
     but those named in ``plain_layers`` (by output tensor: a per-layer choice);
-    ``precision`` ``bf16`` computes the dense layers on bfloat16 products (``precision``)."""
+    ``precision`` ``bf16`` computes the dense layers on bfloat16 products (``precision``);
+    ``int8`` is the arithmetic of a quantized model's int8 layers (``int8_arithmetic``)."""
     check_layout(layout, generated)
     check_build_precision(precision)
     if Target.parse(target).kind != "llvm":
         raise BuildError(f"tuner build compiles CPU libraries (target llvm), not {target!r}")
     tuned_threads = book.threads
     threads = default_threads(threads, tuned_threads)
+    try:
+        arithmetic = resolve_int8(int8)
+    except ModelError as e:
+        raise BuildError(str(e)) from e
     proto = load_model(model, input_shapes)
+    saturating = apply_int8_arithmetic(proto, arithmetic)
     layers = apply_precision(plan_layers(proto), precision)
     entry = layout_entry(layout, plain=plain_layers,
                          int8=layout != "nchw" and int8_channels_last(proto))
@@ -143,9 +151,10 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         gspec = _generated_for(glayer, extra)
         gspec.layers.append(glayer.output)
         extra_entries.append(generated_layer_json(glayer, gspec.symbol))
-    int8 = int8_kernel_specs(proto, book, target)  # quantized layers (``int8_step``)
+    int8_specs = int8_kernel_specs(proto, book, target)  # quantized layers (``int8_step``)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _compile_and_link([*kernels.values(), *extra.values(), *int8], out_dir / LIBRARY_FILE)
+    _compile_and_link([*kernels.values(), *extra.values(), *int8_specs],
+                      out_dir / LIBRARY_FILE)
     manifest = {
         "format_version": MANIFEST_VERSION,
         "library": LIBRARY_FILE,
@@ -164,8 +173,10 @@ def build_library(model: ModelInput, book: ConfigBook, out_dir: Path,
         manifest["layout"] = entry
     if precision != "fp32":  # absent: every layer as exported
         manifest["precision"] = precision
-    if int8:
-        manifest["int8_kernels"] = int8_symbols(int8)
+    if int8_specs:
+        manifest["int8_kernels"] = int8_symbols(int8_specs)
+    if saturating:  # absent: exact int32 sums
+        manifest["int8_arithmetic"] = arithmetic
     if generated:  # absent: a runner computes those nodes in numpy (as before they existed)
         manifest["generated"] = [generated_json(spec) for spec in extra.values()]
         manifest["generated_layers"] = extra_entries

@@ -33,6 +33,7 @@ from tuner_service.compiler.frontend.errors import ModelError, UnmappableNode
 from tuner_service.compiler.frontend.external import DataFiles
 from tuner_service.compiler.frontend.fusion import fused_workloads
 from tuner_service.compiler.frontend.graph import GraphIndex, index_graph
+from tuner_service.compiler.frontend.int8_arithmetic import apply_int8_arithmetic, resolve_int8
 from tuner_service.compiler.frontend.layout import LAYOUTS, blocked_workload
 from tuner_service.compiler.frontend.layout_plans import is_blocked as blocked_key
 from tuner_service.compiler.frontend.loading import ModelInput, load_model
@@ -117,13 +118,15 @@ class ExtractionResult:
 
 def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
                   files: DataFiles | None = None, precision: str = "fp32",
-                  layout: str = "nchw", block: int | None = None) -> ExtractionResult:
+                  layout: str = "nchw", block: int | None = None, int8: str = "auto"
+                  ) -> ExtractionResult:
     """Map every tunable node of ``model`` to a workload and merge identical workloads.
 
     ``model``, ``input_shapes`` and ``files`` are as for ``loading.load_model`` (a ``Path``
     reads external data from the model's folder); ``precision`` gives the tasks of a library
     built at that precision (``precision.at_precision``); ``layout`` and ``block`` those of a
-    library built with that layout and channel block (``tasks_in_layout``). CPU-bound (about
+    library built with that layout and channel block (``tasks_in_layout``); ``int8`` the
+    arithmetic of its int8 layers (``int8_arithmetic``: ``auto`` is this host's). CPU-bound (about
     0.2 s for ResNet-18 bytes, more for a ModelProto, which must be serialized for onnx's
     checker); async callers should run it in a worker thread.
 
@@ -133,7 +136,9 @@ def extract_tasks(model: ModelInput, input_shapes: InputShapes | None = None,
     """
     check_precision(precision)
     check_task_layout(layout, block)
+    arithmetic = resolve_int8(int8)
     proto = load_model(model, input_shapes, files)
+    apply_int8_arithmetic(proto, arithmetic)
     graph = index_graph(proto.graph)
     fused = fused_workloads(proto, graph)
     # base key -> fused key -> (workload, node names): one task per base workload
