@@ -95,6 +95,12 @@ from schedule_templates.templates.x86_expanded import (
     gemm_pixels,
     padded_words,
 )
+from schedule_templates.templates.x86_int8_flat import (
+    FlatGeometry,
+    flat_stage,
+    flat_weight_words,
+    is_flat,
+)
 from schedule_templates.templates.x86_int8_phases import (
     Geometry,
     TileGeometry,
@@ -137,19 +143,23 @@ class Conv2dInt8X86(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = _as(workload, Conv2dInt8)
-        geo = Geometry(wl, VNNI)  # the space is the same whatever the instruction
+        geo = _space_geometry(wl)  # the space is the same whatever the instruction
         if is_depthwise(wl):
             return depthwise_space(geo.columns)
         plain = dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
+        if is_flat(wl):  # channel rows over the flat words' planes
+            return plain
         return with_pixel_rows(plain, wl.group_out, geo.columns, only=wl.channels_last)
 
     def default_config(self, workload: Workload) -> Config:
         wl = _as(workload, Conv2dInt8)
-        geo = Geometry(wl, VNNI)
+        geo = _space_geometry(wl)
         space = self.space(wl)
         if is_depthwise(wl):
             return depthwise_default(space, geo.columns)
         inst = x86_dot_gemm.workload_instruction(wl)
+        if is_flat(wl):
+            return dot_default(space, wl.group_out, geo.columns, geo.reduction, inst)
         # channels-last spaces hold pixel rows only: the channel-row default it turns into
         # pixel rows comes from the plain space
         rows_space = (dot_space(wl.group_out, geo.columns, geo.reduction, VNNI)
@@ -251,7 +261,9 @@ class Conv2dInt8X86(Template):
                                if b is not None and b.scope is Scope.WORKSPACE)
             return Kernel("conv2d_int8_x86", params, workspaces,
                           (frame.loop(*stages, nest),))
-        prepare = phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base)
+        prepare = (flat_stage(geo, data, data_zp[0], phased, n, base)
+                   if isinstance(geo, FlatGeometry)
+                   else phase_stage(wl, geo, data, data_zp[0], phased, n, g, base=base))
 
         def finish(acc: Expr, m: Expr, q: Expr) -> Stmt:
             k = g * kg + m
@@ -318,6 +330,8 @@ def _pack_weights(wl: Conv2dInt8, geo: Geometry, weight: np.ndarray, config: Con
     in the reduction's order, channels zero-padded (bytes for VNNI, 16-bit values else); for
     pixel rows, panels ``[groups][K/groups/width][words][width]`` (16 channels' words of one
     reduction step side by side, as one register loads them)."""
+    if isinstance(geo, FlatGeometry):
+        return flat_weight_words(weight, geo)
     cg = padded_k(wl.group_in, VNNI)
     values = np.zeros((wl.K, wl.R, wl.S, cg), dtype=np.int8 if geo.inst.per_word == 4 else np.int16)
     values[..., :wl.group_in] = weight.transpose(0, 2, 3, 1)
@@ -345,12 +359,19 @@ def _channels_last_tiles(wl: Conv2dInt8) -> bool:
             and on_tiles(wl) and x86_amx_gemm.host_amx("tdpbusd"))
 
 
+def _space_geometry(wl: Conv2dInt8) -> Geometry:
+    """The geometry a key's space and default are defined on (VNNI's, whatever the host's)."""
+    return FlatGeometry(wl, VNNI) if is_flat(wl) else Geometry(wl, VNNI)
+
+
 def _geometry(wl: Conv2dInt8) -> Geometry:
     """AMX tiles where the host has them and a tile step (64 bytes: 64 channels) stays inside
     one tap, or expanded planes for one group of fewer channels (``x86_expanded``); the
     vector instruction of the host else (and for channels-last layers, which run as pixel
     rows: ``x86_channels_last``)."""
     inst = x86_dot_gemm.workload_instruction(wl)
+    if is_flat(wl):
+        return FlatGeometry(wl, inst)
     if inst is VNNI and not is_depthwise(wl) and not wl.channels_last \
             and x86_amx_gemm.host_amx("tdpbsud"):
         if wl.group_in % x86_amx_gemm.TILE_K == 0:

@@ -170,8 +170,12 @@ def pack_pixel_row_weights(values: np.ndarray, groups: int, width: int,
 
 
 def pk_tile(config: Config) -> tuple[int, int] | None:
-    """(pixels, channels) of a pixel-row config's register tile; None for channel rows."""
-    value = str(config["pk_tile"])
+    """(pixels, channels) of a pixel-row config's register tile; None for channel rows (and
+    for a space without the knob: ``x86_int8_flat``'s)."""
+    try:
+        value = str(config["pk_tile"])
+    except KeyError:
+        return None
     return None if value == "none" else pk_tile_of(value)
 
 

@@ -24,9 +24,10 @@ Parameters (the contract the ONNX front end builds keys from):
 ``dilation`` (pair), ``groups`` (int, default 1), ``out`` in ``u8|s8|f32`` (default u8),
 ``scale`` in ``channel|tensor`` (default channel), ``bias`` in ``none|s32`` (default none),
 ``weights`` in ``full|narrow|sat16`` (default full; narrow: every weight within [-64, 64];
-sat16: the pairs of byte products along each tap's input channels summed on saturating 16 bits,
-onnxruntime's arithmetic without VNNI; see ``lowp``; only for an even number of channels per
-group, where onnxruntime's pairs, over taps and channels in that order, are the same).
+sat16: pairs of byte products summed on saturating 16 bits, onnxruntime's arithmetic without
+VNNI, see ``lowp``: the window's values walked tap by tap, channel by channel, in pairs, i.e.
+pairs of a tap's channels where a group has an even number; an odd number, as in an RGB stem,
+pairs across taps and is taken by a single group only).
 Inputs, in call order: ``data`` u8 [N,C,H,W], ``weight`` s8 [K,C/groups,R,S],
 ``data_zero_point`` u8 [1], ``scale`` f32 [K] or [1], ``bias`` int32 [K] (``bias=s32``),
 ``out_zero_point`` u8/s8 [1] (not for ``out=f32``). Output [N,K,OH,OW] of the ``out`` type.
@@ -147,10 +148,11 @@ class Conv2dInt8(_Grouped):
         if self.channels_last and (self.groups != 1 or self.K % 16):
             raise InvalidWorkloadError("conv2d_int8: channels-last activations (a layout "
                                        "nhwc) need one group and K a multiple of 16")
-        if self.weights == "sat16" and self.group_in % 2:
+        if self.weights == "sat16" and self.group_in % 2 and self.groups > 1:
             raise InvalidWorkloadError(
-                "conv2d_int8: weights=sat16 sums pairs of a tap's input channels, so it needs "
-                "an even number per group (onnxruntime pairs an odd count across taps)")
+                "conv2d_int8: weights=sat16 sums pairs of a tap's input channels, so grouped "
+                "layers need an even number per group (onnxruntime pairs an odd count across "
+                "taps, which only a single group's flat words follow)")
         if self.in_layout == "nhwc" and self.C % 4:
             raise InvalidWorkloadError("conv2d_int8: a channels-last input (in_layout=nhwc) "
                                        "needs C a multiple of 4 (whole words of channels)")
@@ -206,20 +208,26 @@ class Conv2dInt8(_Grouped):
 
     def _sat16_correction(self, centered: np.ndarray, zp: float, weight: np.ndarray
                           ) -> np.ndarray:
-        """(N, K, pixels): what ``weights=sat16`` takes from the exact sums: each tap's input
-        channels 2j, 2j+1 of a group form a pair over the raw bytes (padding holds the zero
-        point, as the kernels' and onnxruntime's do)."""
+        """(N, K, pixels): what ``weights=sat16`` takes from the exact sums. Each group's
+        window is walked tap by tap, channel by channel (onnxruntime's im2col order), and its
+        values 2j, 2j+1 form a pair, over the raw bytes (padding holds the zero point, as the
+        kernels' and onnxruntime's do); an odd count's last pair takes a zero."""
         g, gi, go = self.groups, self.group_in, self.group_out
         pixels = self.out_h * self.out_w
-        w = np.asarray(weight, dtype=np.int64).reshape(g, go, gi, self.R, self.S)
+        # raw[n, g, tap * gi + c, pixel] and w[g, k, tap * gi + c]: the walk's order
+        raw = np.stack([np.rint(window + zp).astype(np.int64).reshape(self.N, g, gi, pixels)
+                        for _, _, window in self._windows(centered)], axis=2)
+        raw = raw.reshape(self.N, g, -1, pixels)
+        w = (np.asarray(weight, dtype=np.int64).reshape(g, go, gi, self.R * self.S)
+             .transpose(0, 1, 3, 2).reshape(g, go, -1))
+        if w.shape[-1] % 2:
+            raw = np.pad(raw, ((0, 0), (0, 0), (0, 1), (0, 0)))
+            w = np.pad(w, ((0, 0), (0, 0), (0, 1)))
         corr = np.zeros((self.N, g, go, pixels), dtype=np.int64)
-        for r, s, window in self._windows(centered):
-            raw = np.rint(window + zp).astype(np.int64).reshape(self.N, g, gi, pixels)
-            risky = can_saturate(w[:, :, 0::2, r, s], w[:, :, 1::2, r, s]).any(axis=(0, 1))
-            for j in np.flatnonzero(risky):
-                pairs = (raw[:, :, None, 2 * j, :] * w[None, :, :, 2 * j, r, s, None]
-                         + raw[:, :, None, 2 * j + 1, :] * w[None, :, :, 2 * j + 1, r, s, None])
-                corr += saturated(pairs)
+        for j in np.flatnonzero(can_saturate(w[:, :, 0::2], w[:, :, 1::2]).any(axis=(0, 1))):
+            pairs = (raw[:, :, None, 2 * j, :] * w[None, :, :, 2 * j, None]
+                     + raw[:, :, None, 2 * j + 1, :] * w[None, :, :, 2 * j + 1, None])
+            corr += saturated(pairs)
         return corr.reshape(self.N, self.K, pixels).astype(np.float64)
 
     def channel_shape(self) -> Shape:

@@ -27,7 +27,7 @@ from tuner_service.compiler.frontend.int8_arithmetic import at_int8, resolve_int
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime.quantization")
 
-SHAPE = (1, 16, 8, 8)
+SHAPE = (1, 3, 16, 16)
 
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
@@ -43,16 +43,18 @@ class _Reader:
 
 
 def _full_range_model(tmp: Path) -> Path:
-    """Conv 3x3 (16 -> 32) -> Relu -> Conv 1x1 -> Relu -> Flatten -> MatMul, quantized by
-    ``quantize_static`` with 8-bit weights (no ``reduce_range``): pairs of large weights of
-    one sign meet large activations, which onnxruntime saturates without VNNI."""
+    """An RGB stem (Conv 7x7 stride 2, 3 -> 32) -> Relu -> Conv 1x1 -> Relu -> Flatten ->
+    MatMul, quantized by ``quantize_static`` with 8-bit weights (no ``reduce_range``): pairs
+    of large weights of one sign meet large activations, which onnxruntime saturates without
+    VNNI (pairing the stem's values across taps)."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     rng = np.random.default_rng(1)
     inits = [nh.from_array(rng.normal(0, s, shape).astype(np.float32), name) for name, shape, s
-             in (("w1", (32, 16, 3, 3), 0.2), ("w2", (32, 32, 1, 1), 0.3),
+             in (("w1", (32, 3, 7, 7), 0.2), ("w2", (32, 32, 1, 1), 0.3),
                  ("w3", (32 * 8 * 8, 16), 0.05))]
-    nodes = [oh.make_node("Conv", ["x", "w1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+    nodes = [oh.make_node("Conv", ["x", "w1"], ["c1"], "conv1", pads=[3, 3, 3, 3],
+                          strides=[2, 2]),
              oh.make_node("Relu", ["c1"], ["r1"], "relu1"),
              oh.make_node("Conv", ["r1", "w2"], ["c2"], "conv2"),
              oh.make_node("Relu", ["c2"], ["r2"], "relu2"),
@@ -146,7 +148,8 @@ def test_unknown_arithmetic_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("key", "changes"), [
     ("conv2d_int8:N=1,C=16,H=8,W=8,K=32,R=3,S=3,pad=1", True),
     ("dense_int8:M=1,N=16,K=2048,bias=s32", True),
-    ("conv2d_int8:N=1,C=3,H=8,W=8,K=16,R=3,S=3,stride=2", False),  # RGB stem: odd channels
+    ("conv2d_int8:N=1,C=3,H=8,W=8,K=16,R=3,S=3,stride=2", True),  # an RGB stem: flat words
+    ("conv2d_int8:N=1,C=6,H=8,W=8,K=16,R=3,S=3,groups=2", False),  # 3 channels a group
     ("conv2d_int8:N=1,C=16,H=8,W=8,K=16,R=3,S=3,groups=16", False),  # depthwise
     ("dense_int8:M=1,N=16,K=64,weights=narrow", False),  # never saturates
 ])

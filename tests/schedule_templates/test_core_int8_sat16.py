@@ -26,6 +26,11 @@ KEYS = [
     "conv2d_int8:N=1,C=16,H=7,W=7,K=32,R=1,S=1,bias=s32,weights=sat16,residual=u8",
     "conv2d_int8:N=1,C=16,H=8,W=8,K=32,R=3,S=3,pad=1,in_layout=nhwc,out_layout=nhwc,"
     "weights=sat16",
+    # odd channel counts: the window's values in flat words, pairs across taps
+    "conv2d_int8:N=2,C=3,H=20,W=19,K=24,R=7,S=7,stride=2,pad=3,bias=s32,out=s8,weights=sat16",
+    "conv2d_int8:N=1,C=5,H=11,W=10,K=32,R=3,S=3,stride=2,pad=1,bias=s32,weights=sat16",
+    "conv2d_int8:N=1,C=3,H=16,W=16,K=16,R=3,S=3,pad=1,dilation=2,residual=u8,weights=sat16",
+    "conv2d_int8:N=1,C=1,H=12,W=12,K=16,R=5,S=5,pad=2,weights=sat16",
 ]
 
 
@@ -84,9 +89,25 @@ def test_sat16_runs_on_vpmaddubsw_even_where_vnni_is(monkeypatch):
 
 
 @pytest.mark.parametrize("key", [
-    "conv2d_int8:N=1,C=3,H=9,W=9,K=16,R=3,S=3,weights=sat16",  # an RGB stem
+    "conv2d_int8:N=1,C=6,H=9,W=9,K=16,R=3,S=3,groups=2,weights=sat16",  # 3 channels a group
     "conv2d_int8:N=1,C=8,H=9,W=9,K=8,R=3,S=3,groups=8,weights=sat16",  # depthwise
 ])
-def test_sat16_needs_pairs_of_channels_within_a_tap(key):
+def test_grouped_sat16_needs_pairs_of_channels_within_a_tap(key):
     with pytest.raises(InvalidWorkloadError, match="even number"):
         parse_workload(key)
+
+
+def test_an_odd_channel_count_pairs_values_across_taps():
+    """A 3-channel stem's window walked tap by tap, channel by channel: value 2 of tap 0 and
+    value 0 of tap 1 form a pair (onnxruntime's im2col); per-tap words would pair it with a
+    zero, and the sums differ."""
+    workload = parse_workload("conv2d_int8:N=1,C=3,H=3,W=3,K=1,R=1,S=2,weights=sat16")
+    data = np.full((1, 3, 3, 3), 255, dtype=np.uint8)
+    weight = np.zeros((1, 3, 1, 2), dtype=np.int8)
+    weight[0, 2, 0, 0] = weight[0, 0, 0, 1] = 127  # channel 2 of tap 0, channel 0 of tap 1
+    inputs = {"data": data, "weight": weight, "data_zero_point": np.zeros(1, np.uint8),
+              "scale": np.ones(1, np.float32), "out_zero_point": np.zeros(1, np.uint8)}
+    acc = workload.accumulate(inputs)
+    np.testing.assert_array_equal(acc, np.full_like(acc, INT16_MAX))  # one saturated pair
+    out, ref, _ = run(workload.key, inputs=inputs)
+    np.testing.assert_array_equal(out, ref)

@@ -3,6 +3,7 @@ layers as ``conv2d_nchwc`` workloads), a model of its own beside the plain uploa
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +61,28 @@ def test_a_bad_layout_gets_a_clear_refusal(client: TestClient, tokens: dict[str,
     status, body = upload(client, tokens["user"], conv_model, form)
     assert status in (400, 422), body
     assert reason in str(body["detail"])
+
+
+def test_the_int8_arithmetic_addresses_quantized_models_only(
+        client: TestClient, tokens: dict[str, str], conv_model: bytes, tmp_path: Path) -> None:
+    """sat16 names other tasks of a quantized model (``tuner submit`` sends its CPU's
+    arithmetic), so such an upload is a model of its own; a model without int8 layers is the
+    same model whatever the field says."""
+    pytest.importorskip("onnxruntime.quantization")
+    from tests.frontend.quantized_models import quantized
+
+    _, plain = upload(client, tokens["user"], conv_model, {"int8": "exact"})
+    _, same = upload(client, tokens["user"], conv_model, {"int8": "sat16"})
+    assert same["model_id"] == plain["model_id"]
+    model = quantized(tmp_path, "qdq", reduce_range=False).read_bytes()
+    status, exact = upload(client, tokens["user"], model, {"int8": "exact"})
+    assert status == 201, exact
+    _, saturating = upload(client, tokens["user"], model, {"int8": "sat16"})
+    assert saturating["model_id"] != exact["model_id"]
+    keys = [t["workload"] for t in saturating["tasks"] if "_int8" in t["workload"]]
+    assert keys and all("weights=sat16" in k for k in keys if "C=3," not in k), keys
+    assert not [t for t in exact["tasks"] if "sat16" in t["workload"]]
+    _, again = upload(client, tokens["user"], model, {"int8": "sat16"})
+    assert again["model_id"] == saturating["model_id"]
+    status, body = upload(client, tokens["user"], model, {"int8": "fast"})
+    assert status in (400, 422) and "unknown int8 arithmetic" in str(body["detail"])

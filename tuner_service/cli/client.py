@@ -114,6 +114,8 @@ def _submit(args: argparse.Namespace) -> int:
         form: dict[str, Any] = {"input_shape": args.input_shape} if args.input_shape else {}
         if args.layout != "nchw":
             form.update(layout=args.layout, block=str(args.block or _host_block()))
+        if (arithmetic := _host_int8()) != "exact":  # the tasks of a library built here
+            form.update(int8=arithmetic)
         model = client.request("POST", "/models", data=form or None,
                                files={"file": (name, data, "application/octet-stream")})
         for item in model["unsupported"]:
@@ -134,6 +136,13 @@ def _host_block() -> int:
     from tuner_service.compiler.deploy.layout import host_block
 
     return host_block()
+
+
+def _host_int8() -> str:
+    """The int8 arithmetic a library built on this machine takes (``--int8 auto``)."""
+    from tuner_service.compiler.frontend.int8_arithmetic import resolve_int8
+
+    return resolve_int8("auto")
 
 
 def _upload_payload(path: Path) -> tuple[bytes, str]:

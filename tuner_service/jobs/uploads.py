@@ -12,7 +12,9 @@ live in that address and in the returned JSON, no new column is needed.
 So does the layout the tasks are extracted for (``layout=nchwc`` or ``auto`` with the workers'
 channel ``block``: the blocked conv workloads a library built with that layout runs,
 ``frontend.extract``): ``nchw`` (the default) keeps the address above, another layout adds
-``layout:auto/16`` to the hashed text.
+``layout:auto/16`` to the hashed text. A model with int8 layers adds the arithmetic they sum
+in (``int8:exact`` or ``int8:sat16``, ``frontend.int8_arithmetic``), whose keys differ; one
+stored before that (plain address) still answers an exact upload.
 """
 
 from __future__ import annotations
@@ -42,19 +44,30 @@ class UploadLimits:
 
 def store_model(session: Session, data: bytes, name: str, *, limits: UploadLimits,
                 input_shapes: Sequence[str] = (), layout: str = "nchw",
-                block: int | None = None) -> tuple[Model, list[Task]]:
-    """The model for these bytes (pinned shapes and task layout), extracting and storing its
-    tasks the first time. InvalidInputError for an unknown layout or block."""
+                block: int | None = None, int8: str = "auto") -> tuple[Model, list[Task]]:
+    """The model for these bytes (pinned shapes, task layout and int8 arithmetic), extracting
+    and storing its tasks the first time. InvalidInputError for an unknown layout, block or
+    arithmetic (``auto``: this server's CPU's, ``frontend.int8_arithmetic``)."""
     shapes = _parse_shapes(input_shapes)
     _check_layout(layout, block)
-    digest = model_digest(data, shapes, "" if layout == "nchw" else f"{layout}/{block}")
-    existing = session.scalar(select(Model).where(Model.sha256 == digest))
-    if existing is not None:
-        return existing, model_tasks(session, existing.id)
+    arithmetic = _int8_arithmetic(int8)
+    plan = "" if layout == "nchw" else f"{layout}/{block}"
+    digest = model_digest(data, shapes, plan)
+    # a quantized model's address names its int8 arithmetic (its tasks differ by it); a model
+    # without int8 layers keeps the plain one, whatever the upload asked for
+    quantized = model_digest(data, shapes, f"{plan}\nint8:{arithmetic}")
+    for address in (quantized, digest):
+        existing = session.scalar(select(Model).where(Model.sha256 == address))
+        if existing is not None:
+            tasks = model_tasks(session, existing.id)
+            if address == quantized or arithmetic == "exact" or not _int8_tasks(tasks):
+                return existing, tasks
     # End that read before the slow part: on SQLite the transaction holds the database's write
     # lock, and parsing a large model would stall every worker's report for seconds.
     session.rollback()
-    extraction = _extract(data, shapes, limits, layout, block)
+    extraction = _extract(data, shapes, limits, layout, block, arithmetic)
+    if _int8_tasks([t.workload for t in extraction.tasks]):
+        digest = quantized
     model = Model(sha256=digest, name=name[:255], size_bytes=len(data),
                   unsupported=[_unsupported_json(u) for u in extraction.unsupported])
     session.add(model)
@@ -81,6 +94,12 @@ def model_digest(data: bytes, shapes: str = "", layout: str = "") -> str:
     if layout:
         text += f"\nlayout:{layout}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _int8_tasks(tasks: Sequence[Any]) -> bool:
+    """Whether any task (a stored ``Task`` or a workload) is an int8 product, whose key the
+    int8 arithmetic changes."""
+    return any(t.op in ("dense_int8", "conv2d_int8") for t in tasks)
 
 
 def model_tasks(session: Session, model_id: int) -> list[Task]:
@@ -112,8 +131,20 @@ def _check_layout(layout: str, block: int | None) -> None:
         raise InvalidInputError(str(e)) from e
 
 
+def _int8_arithmetic(int8: str) -> str:
+    try:
+        from tuner_service.compiler.frontend.errors import ModelError
+        from tuner_service.compiler.frontend.int8_arithmetic import resolve_int8
+    except ImportError as e:
+        raise UnavailableError(f"the ONNX frontend is not available: {e}") from e
+    try:
+        return resolve_int8(int8)
+    except ModelError as e:
+        raise InvalidInputError(str(e)) from e
+
+
 def _extract(data: bytes, shapes: str, limits: UploadLimits, layout: str,
-             block: int | None) -> Any:
+             block: int | None, int8: str) -> Any:
     try:
         from tuner_service.compiler.frontend.archive import ArchiveLimits, is_archive, read_archive
         from tuner_service.compiler.frontend.errors import ModelError, ModelTooLarge
@@ -124,9 +155,10 @@ def _extract(data: bytes, shapes: str, limits: UploadLimits, layout: str,
     pinned = parse_input_shapes(shapes.split(",")) if shapes else None
     try:
         if not is_archive(data):
-            return extract_tasks(data, pinned, layout=layout, block=block)
+            return extract_tasks(data, pinned, layout=layout, block=block, int8=int8)
         archive = read_archive(data, ArchiveLimits(limits.max_bytes, limits.max_members))
-        return extract_tasks(archive.model, pinned, archive.files, layout=layout, block=block)
+        return extract_tasks(archive.model, pinned, archive.files, layout=layout, block=block,
+                             int8=int8)
     except ModelTooLarge as e:
         raise PayloadTooLargeError(str(e)) from e
     except ModelError as e:

@@ -53,11 +53,16 @@ def upload_model(
     block: Annotated[int | None, Form(
         description="channel block of a blocked layout (the workers' floats per vector)",
         ge=1, le=64)] = None,
+    int8: Annotated[str, Form(
+        description="how the library's int8 layers sum their products: exact, sat16 (pairs "
+        "in saturating 16 bits, onnxruntime's arithmetic without VNNI) or auto (this "
+        "server's CPU's; `tuner submit` sends its own CPU's)", max_length=8)] = "auto",
 ) -> ModelPublic:
     data = _read_limited(request, file, settings.max_upload_bytes)
     limits = UploadLimits(settings.max_model_bytes, settings.max_archive_members)
     model, tasks = store_model(session, data, file.filename or "model.onnx", limits=limits,
-                               input_shapes=input_shape or (), layout=layout, block=block)
+                               input_shapes=input_shape or (), layout=layout, block=block,
+                               int8=int8)
     return ModelPublic.model_validate({
         "model_id": model.id, "name": model.name, "sha256": model.sha256,
         "tasks": [{"task_id": t.id, "workload": t.workload_key, "weight": t.weight,

@@ -11,8 +11,10 @@ on bytes, about 1.4x the multiply rate of widening them to 16 bits on an AVX2 co
 ``auto`` (the default of ``tuner build`` and ``tuner extract``) takes the arithmetic of
 onnxruntime on the machine that builds: ``sat16`` where it has no AVX-512 VNNI, ``exact``
 where it has. Weights within +-64 (``weights=narrow``, a ``reduce_range`` model) never
-saturate and keep their exact key; depthwise layers, which multiply 16-bit values, too. A
-library records ``sat16`` in its manifest, so that it runs with the same keys on any machine.
+saturate and keep their exact key; depthwise layers, which multiply 16-bit values, and
+grouped layers with an odd channel count per group too (an RGB stem, one group, takes flat
+words: ``x86_int8_flat``). A library records ``sat16`` in its manifest, so that it runs with
+the same keys on any machine.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def at_int8(workload: Workload, arithmetic: str) -> Workload:
         return workload
     try:
         return dataclasses.replace(workload, weights="sat16")  # type: ignore[call-arg]
-    except InvalidWorkloadError:  # a depthwise layer: no pairs of channels to saturate
+    except InvalidWorkloadError:  # depthwise, or odd groups: no pairs onnxruntime's match
         return workload
 
 
