@@ -148,6 +148,9 @@ class Conv2dInt8(_Grouped):
         if self.channels_last and (self.groups != 1 or self.K % 16):
             raise InvalidWorkloadError("conv2d_int8: channels-last activations (a layout "
                                        "nhwc) need one group and K a multiple of 16")
+        if self.weights == "sat16" and self.group_in % 2 and self.channels_last:
+            raise InvalidWorkloadError("conv2d_int8: weights=sat16 with an odd channel count "
+                                       "(flat words) keeps NCHW activations")
         if self.weights == "sat16" and self.group_in % 2 and self.groups > 1:
             raise InvalidWorkloadError(
                 "conv2d_int8: weights=sat16 sums pairs of a tap's input channels, so grouped "

@@ -160,3 +160,20 @@ def test_sat16_applies_where_pairs_match_onnxruntime_s(key: str, changes: bool) 
     assert at_int8(workload, "exact") is workload
     if changes:
         assert summed.key == f"{key},weights=sat16"
+
+
+def test_a_flat_stem_keeps_nchw_in_a_channels_last_plan(tmp_path: Path) -> None:
+    """Channels-last planning (VNNI hosts' blocked plans) passes over a sat16 stem, whose flat
+    words are NCHW only; the layer after it still reads NCHW."""
+    from tuner_service.compiler.frontend.int8_arithmetic import apply_int8_arithmetic
+    from tuner_service.compiler.frontend.loading import load_model
+    from tuner_service.compiler.frontend.quantized_layout import plan_channels_last
+    from tuner_service.compiler.frontend.quantized_ops import INT8_DOMAIN, int8_layer_workload
+
+    proto = load_model(_full_range_model(tmp_path))
+    assert apply_int8_arithmetic(proto, "sat16") >= 3
+    plan_channels_last(proto)
+    keys = [int8_layer_workload(n).key for n in proto.graph.node
+            if n.domain == INT8_DOMAIN and n.op_type == "Int8Layer"]
+    stem = [k for k in keys if k.startswith("conv2d_int8:N=1,C=3,")]
+    assert stem and "nhwc" not in stem[0] and "weights=sat16" in stem[0]

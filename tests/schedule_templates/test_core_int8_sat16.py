@@ -111,3 +111,8 @@ def test_an_odd_channel_count_pairs_values_across_taps():
     np.testing.assert_array_equal(acc, np.full_like(acc, INT16_MAX))  # one saturated pair
     out, ref, _ = run(workload.key, inputs=inputs)
     np.testing.assert_array_equal(out, ref)
+
+
+def test_flat_words_keep_nchw_activations():
+    with pytest.raises(InvalidWorkloadError, match="keeps NCHW"):
+        parse_workload("conv2d_int8:N=1,C=3,H=9,W=9,K=16,R=3,S=3,out_layout=nhwc,weights=sat16")

@@ -87,8 +87,9 @@ def _eligible_layers(graph: onnx.GraphProto
         except UnmappableNode:
             continue
         if isinstance(workload, Conv2dInt8) and workload.out != "f32" \
-                and workload.groups == 1 and workload.K % 16 == 0:
-            yield index, node, workload
+                and workload.groups == 1 and workload.K % 16 == 0 \
+                and not (workload.weights == "sat16" and workload.group_in % 2):
+            yield index, node, workload  # (flat words, an odd sat16 stem's, are NCHW only)
 
 
 def _set_workload(node: onnx.NodeProto, key: str) -> None:
