@@ -70,6 +70,8 @@ QUANT_CHOICES: dict[str, tuple[str, ...]] = {
 }
 #: the largest weight magnitude of ``weights=narrow`` (255 * 2 * 64 fits a saturating int16)
 NARROW_WEIGHT = 64
+#: how ``describe`` names each ``weights`` choice's sums
+SUMS = {"full": "s32", "narrow": "s32", "sat16": "s16 pairs -> s32"}
 #: the range ``weights=sat16`` saturates each pair of byte products to (``vpmaddubsw``'s)
 INT16_MIN, INT16_MAX = -32768, 32767
 #: a pair of weights whose positive (or negative) parts sum past this can saturate with u8 data
@@ -299,8 +301,8 @@ class DenseInt8(Workload):
     def describe(self) -> str:
         bias = ", int32 bias" if self.bias == "s32" else ""
         add = f", then a quantized addition to {self.add}" if self.add != "none" else ""
-        return (f"int8 dense {self.M}x{self.K} by {self.K}x{self.N} (u8 x s8 -> s32{bias}, "
-                f"{self.scale} scale, {self.out} out{add})")
+        return (f"int8 dense {self.M}x{self.K} by {self.K}x{self.N} (u8 x s8 -> "
+                f"{SUMS[self.weights]}{bias}, {self.scale} scale, {self.out} out{add})")
 
 
 @register

@@ -68,6 +68,7 @@ from schedule_templates.workloads.lowp import (
     QUANT_NUMPY,
     QUANT_PARAMS,
     QUANT_RANGES,
+    SUMS,
     can_saturate,
     quantized_inputs,
     quantized_shapes,
@@ -283,7 +284,8 @@ class Conv2dInt8(_Grouped):
                       f"{self.residual_layout})")
         return (f"int8 {kind}conv2d {self.C}->{self.K} channels, {self.H}x{self.W} input, "
                 f"{self._geometry()}" + (f", batch {self.N}" if self.N != 1 else "")
-                + f" (u8 x s8 -> s32{bias}, {self.scale} scale, {self.out} out{added})")
+                + f" (u8 x s8 -> {SUMS[self.weights]}{bias}, {self.scale} scale, "
+                  f"{self.out} out{added})")
 
 
 def residual_added(q: np.ndarray, inputs: Mapping[str, np.ndarray], dtype: str) -> np.ndarray:
