@@ -30,6 +30,7 @@ from tuner_service.tuning.remote import (
     JobProgress,
     ServiceClient,
     TaskProgress,
+    host_int8,
 )
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class Client:
                device_key: str | None = None, threads: int | None = None) -> Job:
         """Upload the model and start a job; returns its handle at once."""
         data, name = read_model(model)
-        uploaded = self._http.upload_model(data, name)
+        uploaded = self._http.upload_model(data, name, int8=host_int8(target))
         job_id = self._http.create_job(model_id=uploaded["model_id"], target=target,
                                        device_key=device_key, trials_per_task=trials_per_task,
                                        tuner=tuner, threads=threads)

@@ -126,6 +126,14 @@ class _Requantize:
         return args
 
 
+def _exact_sums_only(name: str, wl: DenseInt8 | Conv2dInt8) -> None:
+    """``weights=sat16`` is onnxruntime's x86 arithmetic without VNNI; dp4a and the tensor
+    cores sum exactly."""
+    if wl.weights == "sat16":
+        raise InvalidWorkloadError(f"{name}: weights=sat16 (saturating 16-bit pairs) is an x86 "
+                                   "arithmetic; the CUDA kernels sum exactly")
+
+
 @register
 class DenseInt8Cuda(Template):
     name = "dense_int8.cuda"
@@ -136,6 +144,7 @@ class DenseInt8Cuda(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = as_workload(workload, DenseInt8)
+        _exact_sums_only(self.name, wl)
         return mma_space(wl.M, wl.N, ceil_div(wl.K, BYTES_PER_WORD), device)
 
     def default_config(self, workload: Workload) -> Config:
@@ -192,6 +201,7 @@ class Conv2dInt8Cuda(Template):
     def space(self, workload: Workload, device: Mapping[str, object] | None = None
               ) -> ConfigSpace:
         wl = as_workload(workload, Conv2dInt8)
+        _exact_sums_only(self.name, wl)
         if wl.channels_last:
             raise InvalidWorkloadError(f"{self.name}: channels-last activations (nhwc) are "
                                        "an x86 layout; the CUDA kernel reads and writes NCHW")

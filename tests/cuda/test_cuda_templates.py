@@ -64,10 +64,11 @@ BIG = {
 }
 for _template in all_templates():
     if _template.target_kind == "cuda" and _template.op not in COMPILE:
-        # channels-last int8 layers (``layout=nhwc``) are an x86 layout: the CUDA template
-        # refuses them (test_cuda_refuses_channels_last)
+        # channels-last int8 layers (``layout=nhwc``) are an x86 layout and saturating sums
+        # (``weights=sat16``) an x86 arithmetic: the CUDA templates refuse them
+        # (test_cuda_refuses_channels_last, test_cuda_refuses_sat16)
         _examples = [key for key in workload_class(_template.op).examples
-                     if "layout=nhwc" not in key]
+                     if "layout=nhwc" not in key and "weights=sat16" not in key]
         COMPILE[_template.op] = [*BIG.get(_template.op, []), *_examples[:2]]
         HOST[_template.op] = _examples
 
@@ -244,6 +245,14 @@ def test_default_conv_takes_the_measured_small_grid_tile(key, small, nvcc_compil
     assert ((tiles.bm, tiles.bn, tiles.threads) == (64, 16, 128)) is small
     cuda = generate_cuda(template.lower(workload, config))
     nvcc_compile([(key, cuda.source)])
+
+
+@pytest.mark.parametrize("key", ["dense_int8:M=5,N=40,K=22,weights=sat16",
+                                 "conv2d_int8:N=1,C=8,H=7,W=9,K=32,R=3,S=3,weights=sat16"])
+def test_cuda_refuses_sat16(key):
+    workload = parse_workload(key)
+    with pytest.raises(InvalidWorkloadError, match="x86 arithmetic"):
+        get_template(workload.op, TARGET).default_config(workload)
 
 
 def test_cuda_refuses_channels_last():

@@ -177,3 +177,11 @@ def test_a_flat_stem_keeps_nchw_in_a_channels_last_plan(tmp_path: Path) -> None:
             if n.domain == INT8_DOMAIN and n.op_type == "Int8Layer"]
     stem = [k for k in keys if k.startswith("conv2d_int8:N=1,C=3,")]
     assert stem and "nhwc" not in stem[0] and "weights=sat16" in stem[0]
+
+
+def test_clients_send_the_arithmetic_of_a_cpu_library_built_here() -> None:
+    from tuner_service.tuning.remote import host_int8
+
+    assert host_int8("cuda") == "exact"  # CUDA kernels sum exactly
+    vnni = x86_dot_gemm.int8_instruction() is x86_dot_gemm.VNNI
+    assert host_int8("llvm") == ("exact" if vnni else "sat16") == resolve_int8("auto")

@@ -107,10 +107,12 @@ def test_auto_keeps_the_faster_measured_layout(tmp_path: Path) -> None:
     model = _model()
     manifest = build_with_layout(model, ConfigBook(), tmp_path, layout="auto")
     choice = manifest["layout_choice"]
-    assert choice["chosen"] in ("nchw", "nchwc") and choice["nchw_ms"] > 0
-    assert choice[f"{choice['chosen']}_ms"] == min(choice["nchw_ms"], choice["nchwc_ms"])
+    timed = {name[:-3]: ms for name, ms in choice.items() if name.endswith("_ms")}
+    # the two plans, or a mixed one (some conv layers kept plain) where its time was lower
+    assert {"nchw", "nchwc"} <= set(timed) and choice["chosen"] in timed
+    assert timed["nchw"] > 0 and timed[choice["chosen"]] == min(timed.values())
     mode = manifest.get("layout", {"mode": "nchw"})["mode"]
-    assert mode == ("nchw" if choice["chosen"] == "nchw" else "nchwc")  # or a mixed plan
+    assert mode == ("nchw" if choice["chosen"] == "nchw" else "nchwc")
     runner = ModelRunner(model, KernelLibrary(tmp_path), 1)
     feeds = runner.random_feeds(1)
     want = onnxruntime_outputs(model, feeds)

@@ -22,6 +22,7 @@ from tuner_service.tuning.remote import (
     ClientError,
     JobProgress,
     ServiceClient,
+    host_int8,
 )
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def _submit(args: argparse.Namespace) -> int:
         form: dict[str, Any] = {"input_shape": args.input_shape} if args.input_shape else {}
         if args.layout != "nchw":
             form.update(layout=args.layout, block=str(args.block or _host_block()))
-        if (arithmetic := _host_int8()) != "exact":  # the tasks of a library built here
+        if (arithmetic := host_int8(args.target)) != "exact":  # a library built here
             form.update(int8=arithmetic)
         model = client.request("POST", "/models", data=form or None,
                                files={"file": (name, data, "application/octet-stream")})
@@ -136,13 +137,6 @@ def _host_block() -> int:
     from tuner_service.compiler.deploy.layout import host_block
 
     return host_block()
-
-
-def _host_int8() -> str:
-    """The int8 arithmetic a library built on this machine takes (``--int8 auto``)."""
-    from tuner_service.compiler.frontend.int8_arithmetic import resolve_int8
-
-    return resolve_int8("auto")
 
 
 def _upload_payload(path: Path) -> tuple[bytes, str]:

@@ -44,10 +44,11 @@ class UploadLimits:
 
 def store_model(session: Session, data: bytes, name: str, *, limits: UploadLimits,
                 input_shapes: Sequence[str] = (), layout: str = "nchw",
-                block: int | None = None, int8: str = "auto") -> tuple[Model, list[Task]]:
+                block: int | None = None, int8: str = "exact") -> tuple[Model, list[Task]]:
     """The model for these bytes (pinned shapes, task layout and int8 arithmetic), extracting
     and storing its tasks the first time. InvalidInputError for an unknown layout, block or
-    arithmetic (``auto``: this server's CPU's, ``frontend.int8_arithmetic``)."""
+    arithmetic (``exact`` by default, what CUDA and VNNI workers compute; ``auto``: this
+    server's CPU's, ``frontend.int8_arithmetic``)."""
     shapes = _parse_shapes(input_shapes)
     _check_layout(layout, block)
     arithmetic = _int8_arithmetic(int8)

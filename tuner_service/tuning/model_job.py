@@ -26,7 +26,7 @@ from typing import Any
 from tuner_service.db.states import JOB_ACTIVE, JobStatus
 from tuner_service.errors import TunerServiceError
 from tuner_service.tuning.embedded import DEVICE_KEY, LocalWorkers, local_service
-from tuner_service.tuning.remote import ClientError, Job, JobProgress, ServiceClient
+from tuner_service.tuning.remote import ClientError, Job, JobProgress, ServiceClient, host_int8
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def tune_model(model: str | Path | bytes, output: str | Path, options: TuneOptio
     with local_service(settings, workers) as service, \
             ServiceClient(service.url, service.token) as client:
         try:
-            uploaded = client.upload_model(data, name, options.layout, _block(options.layout))
+            uploaded = client.upload_model(data, name, options.layout, _block(options.layout),
+                                           host_int8())
             job_id, origin = _find_or_create(client, uploaded["model_id"], options)
         except ClientError as e:
             raise TuneError(str(e)) from e

@@ -127,9 +127,13 @@ class ServiceClient:
         return answer.text
 
     def upload_model(self, data: bytes, name: str, layout: str = "nchw",
-                     block: int | None = None) -> dict[str, Any]:
-        """Upload a model; ``layout``/``block``: extract the tasks of that library layout."""
+                     block: int | None = None, int8: str = "exact") -> dict[str, Any]:
+        """Upload a model; ``layout``/``block``: extract the tasks of that library layout;
+        ``int8``: the arithmetic of its int8 layers (``host_int8`` for a CPU library built
+        here)."""
         form = {} if layout == "nchw" else {"layout": layout, "block": str(block)}
+        if int8 != "exact":
+            form["int8"] = int8
         result: dict[str, Any] = self.request(
             "POST", "/models", files={"file": (name, data, "application/octet-stream")},
             data=form)
@@ -188,3 +192,15 @@ class Job:
 
     def cancel(self) -> None:
         self.client.request("POST", f"/jobs/{self.id}/cancel")
+
+
+def host_int8(target: str = "llvm") -> str:
+    """The int8 arithmetic of a library built on this machine for ``target`` (``tuner build
+    --int8 auto``: onnxruntime's on this CPU; CUDA kernels sum exactly)."""
+    if not target.startswith("llvm"):
+        return "exact"
+    try:
+        from tuner_service.compiler.frontend.int8_arithmetic import resolve_int8
+    except ImportError:  # a client without the compiler: the server's default
+        return "exact"
+    return resolve_int8("auto")

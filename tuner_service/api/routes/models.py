@@ -54,9 +54,10 @@ def upload_model(
         description="channel block of a blocked layout (the workers' floats per vector)",
         ge=1, le=64)] = None,
     int8: Annotated[str, Form(
-        description="how the library's int8 layers sum their products: exact, sat16 (pairs "
-        "in saturating 16 bits, onnxruntime's arithmetic without VNNI) or auto (this "
-        "server's CPU's; `tuner submit` sends its own CPU's)", max_length=8)] = "auto",
+        description="how the library's int8 layers sum their products: exact (the default), "
+        "sat16 (pairs in saturating 16 bits, onnxruntime's arithmetic on CPUs without VNNI; "
+        "`tuner submit` and `tuner tune` send their CPU's for CPU targets) or auto (this "
+        "server's CPU's)", max_length=8)] = "exact",
 ) -> ModelPublic:
     data = _read_limited(request, file, settings.max_upload_bytes)
     limits = UploadLimits(settings.max_model_bytes, settings.max_archive_members)
