@@ -9,8 +9,6 @@ import pytest
 
 from schedule_templates.errors import InvalidWorkloadError
 from schedule_templates.templates import x86_dot_gemm
-from schedule_templates.templates.base import get_template
-from schedule_templates.templates.x86_int8_phases import Geometry
 from schedule_templates.workloads import parse_workload
 from schedule_templates.workloads.lowp import INT16_MAX, INT16_MIN, sat16_correction
 from tests.schedule_templates.test_core_int8 import _intrinsic_lanes, run
@@ -66,18 +64,6 @@ def test_sat16_reference_differs_from_the_exact_sums(key):
     assert np.mean(workload.accumulate(inputs) != exact.accumulate(inputs)) > 0.1
     narrow = dict(inputs, weight=np.clip(inputs["weight"], -64, 64))
     np.testing.assert_array_equal(workload.accumulate(narrow), exact.accumulate(narrow))
-
-
-def test_sat16_pixel_rows_of_five_match():
-    key = "conv2d_int8:N=1,C=128,H=7,W=7,K=32,R=3,S=3,pad=1,bias=s32,weights=sat16"
-    workload = parse_workload(key)
-    template = get_template(workload.op)
-    assert template.default_config(workload)["pk_tile"] == "5x16"
-    entities = {name: value for name, _, value in template.default_config(workload).entities}
-    columns = Geometry(workload, x86_dot_gemm.VNNI).columns
-    entities.update(pk_tile="5x16", tile_m=(workload.K, 1, 1), tile_n=(columns // 16, 1, 16))
-    out, ref, _ = run(key, entities=entities)
-    np.testing.assert_array_equal(out, ref)
 
 
 def test_sat16_runs_on_vpmaddubsw_even_where_vnni_is(monkeypatch):
