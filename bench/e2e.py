@@ -93,8 +93,7 @@ def measure_row(model: BenchModel, threads: int, tuning: dict[str, Any], default
         ours = {k: v for k, v in libs.items() if "ms" in engines.get(k, {})}
         row["paired"] = run_paired(path, ours, threads, args.paired)
         if "error" not in row["paired"]:
-            row["ratios"] = ratios({k: {"ms": ms} for k, ms in row["paired"].items()
-                                    if k != "rounds"})
+            row["ratios"] = ratios(paired_engines(row["paired"]))
             row["ratio_source"] = "paired"
     return row
 
@@ -113,7 +112,22 @@ def run_paired(path: str, ours: dict[str, Path], threads: int, rounds: int
     out: dict[str, Any] = {names.get(e["engine"], e["engine"]): e["median_ms"]
                            for e in data["engines"]}
     out["rounds"] = rounds
+    # each engine's median over rounds of its run's time / the first engine's run of the same
+    # round: the ratios that survive a change of the machine's speed inside the run
+    out["ratio_to_first"] = {names.get(e["engine"], e["engine"]): e["ratio_to_first"]
+                             for e in data["engines"]}
     return out
+
+
+def paired_engines(paired: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The engines' times for ``ratios``, from a paired run: the first engine's median scaled
+    by each one's median per-round ratio to it. Two engines' separate medians can come from
+    different speed phases of the machine; a ratio of runs of the same round cannot."""
+    to_first = paired.get("ratio_to_first")
+    if not to_first:  # a report written before the ratios were kept
+        return {k: {"ms": ms} for k, ms in paired.items() if k not in ("rounds",)}
+    first = next(iter(to_first))
+    return {k: {"ms": paired[first] * r} for k, r in to_first.items()}
 
 
 def model_rows(model: BenchModel, tunings: dict[int, dict[str, Any]],

@@ -185,9 +185,10 @@ saturating 16 bits without AVX-512 VNNI, exactly with it; a library's `int8_arit
 which); rows named `MODEL-bf16`
 (`--bf16`) are our `--precision bf16` build against onnxruntime fp32 and OpenVINO in bf16
 (target error 1e-2). The summary keeps each precision apart. With `--paired ROUNDS`, a row's
-ratios come from its "paired ms" column instead: our builds and both peers run in turn in one
-process for ROUNDS rounds (`bench/paired.py`), so a change of the machine's speed during the run
-moves them all alike.
+ratios come from a paired run instead: our builds and both peers run in turn in one process for
+ROUNDS rounds (`bench/paired.py`), and each ratio is the median over rounds of the two runs of
+the same round, so a change of the machine's speed during the run moves both sides alike (the
+"paired ms" column shows each engine's median, whose ratios may differ from those).
 
 {host}
 {load_note}
