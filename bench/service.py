@@ -305,6 +305,21 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _postgres_cpu_s() -> float:
+    """CPU seconds of every ``postgres`` process on this machine so far (Linux; the local
+    PostgreSQL's backends serve the servers' connections): where the rest of the cores go."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(postgres)" in text:
+            fields = text.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 @contextmanager
 def _server(database_url: str, tmp: Path, name: str = "server") -> Iterator[tuple[str, int]]:
     """A ``tuner serve`` process: its URL and process id."""
@@ -378,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         job_id = submit_load_job(urls[0], ADMIN, tuner=args.tuner)
         time.sleep(1.0)  # the driver fills the queue
         cpu_before = sum(_cpu_s(p) for p in pids)
+        own_before, pg_before = time.process_time(), _postgres_cpu_s()
         stats = run_load(urls, ADMIN, args.workers, args.duration_s, args.max_items,
                          args.measure_ms / 1e3, queued=probe.queued)
         cpu = sum(_cpu_s(p) for p in pids) - cpu_before
+        own, pg = time.process_time() - own_before, _postgres_cpu_s() - pg_before
         stored = probe.stored(job_id)
         report = {"database": db_url.split(":", 1)[0].split("+")[0], "replicas": len(urls),
                   "tuner": args.tuner, "max_items": args.max_items, "cpus": os.cpu_count(),
@@ -388,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                   **summary(stats, args.workers, args.duration_s),
                   "server_cpu_s": round(cpu, 2),
                   "server_cpu_ms_per_item": round(cpu * 1e3 / max(1, len(stats.accepted)), 3),
+                  # the rest of the machine's cores: the fake workers (this process) and the
+                  # database's backends (0 for SQLite, which runs inside the servers)
+                  "workers_cpu_ms_per_item": round(own * 1e3 / max(1, len(stats.accepted)), 3),
+                  "database_cpu_ms_per_item": round(pg * 1e3 / max(1, len(stats.accepted)), 3),
                   "lost": max(0, len(stats.accepted) - stored["done"]),
                   "duplicated": max(0, stored["counted"] - stored["done"])}
     if args.json:
