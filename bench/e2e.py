@@ -29,6 +29,7 @@ import json
 import logging
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from e2e_bf16 import bf16_rows  # noqa: E402
-from e2e_int8 import int8_rows, quantized_model  # noqa: E402
+from e2e_int8 import int8_libraries, int8_rows, quantized_model  # noqa: E402
 from e2e_models import ALL_MODELS, BenchModel, ModelUnavailable, kind_of, model_file  # noqa: E402
 from e2e_report import ratios, summary, write_docs  # noqa: E402
 from e2e_tune import MAX_TRIALS, TUNER, TuningFailed, cached, ensure_tuned, reset  # noqa: E402
@@ -89,21 +90,30 @@ def measure_row(model: BenchModel, threads: int, tuning: dict[str, Any], default
     row = {"model": model.name, "kind": model.kind, "threads": threads, "engines": engines,
            "ratios": ratios(engines), "tuning": tuning, "libraries": libraries}
     if args.paired:
-        libs = {"default": default_lib, "tuned": tmp / f"tuned-t{threads}"}  # as built above
-        ours = {k: v for k, v in libs.items() if "ms" in engines.get(k, {})}
-        row["paired"] = run_paired(path, ours, threads, args.paired)
-        if "error" not in row["paired"]:
-            row["ratios"] = ratios(paired_engines(row["paired"]))
-            row["ratio_source"] = "paired"
+        pair_row(row, path, {"default": default_lib, "tuned": tmp / f"tuned-t{threads}"},
+                 args.paired)  # the libraries as built above
     return row
 
 
-def run_paired(path: str, ours: dict[str, Path], threads: int, rounds: int
-               ) -> dict[str, Any]:
+def pair_row(row: dict[str, Any], path: str, libraries: dict[str, Path], rounds: int) -> None:
+    """``row``'s ratios from a paired run (``run_paired``) of those of its engines that ran in
+    their fresh processes (a peer that failed there, as OpenVINO on a quantized BERT, would
+    fail the whole paired run)."""
+    engines = row["engines"]
+    ours = {k: v for k, v in libraries.items() if "ms" in engines.get(k, {})}
+    peers = [p for p in PEERS if "ms" in engines.get(p, {})]
+    row["paired"] = run_paired(path, ours, row["threads"], rounds, peers)
+    if "error" not in row["paired"]:
+        row["ratios"] = ratios(paired_engines(row["paired"]))
+        row["ratio_source"] = "paired"
+
+
+def run_paired(path: str, ours: dict[str, Path], threads: int, rounds: int,
+               peers: Sequence[str] = PEERS) -> dict[str, Any]:
     """Median ms of our libraries and the peers run in turn in one process
     (``bench/paired.py``): ratios that hold while the machine's speed changes under the run,
     which separate fresh processes do not (2-4% between them here, 20% once)."""
-    engines = [str(lib) for lib in ours.values()] + list(PEERS)
+    engines = [str(lib) for lib in ours.values()] + list(peers)
     data, error, _ = call([sys.executable, str(HERE / "paired.py"), path, *engines,
                            "--threads", str(threads), "--rounds", str(rounds)], "peer")
     if data is None or "error" in data:
@@ -194,6 +204,9 @@ def int8_model_rows(models: list[BenchModel], args: argparse.Namespace
             for row in int8_rows(quantized, args.threads, args.iterations, Path(tmp),
                                  tunings):
                 row["ratios"] = ratios(row["engines"])
+                if args.paired:
+                    pair_row(row, str(quantized.path),
+                             int8_libraries(Path(tmp), row["threads"]), args.paired)
                 rows.append(row)
     return rows
 

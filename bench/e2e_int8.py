@@ -79,11 +79,16 @@ def _random_feeds(path: Path, seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
+def int8_libraries(tmp: Path, threads: int) -> dict[str, Path]:
+    """Where ``int8_rows`` builds the default library and the one tuned at ``threads``."""
+    return {"default": tmp / "int8-default", "tuned": tmp / f"int8-tuned-t{threads}"}
+
+
 def int8_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path,
               tunings: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per thread count: ours (default configs, and tuned where ``tunings`` has
     configs for that count), onnxruntime and OpenVINO on the quantized file."""
-    library = tmp / "int8-default"
+    library = int8_libraries(tmp, 0)["default"]
     built = build(str(model.path), library)
     rows = []
     for count in threads:
@@ -93,7 +98,7 @@ def int8_rows(model: BenchModel, threads: list[int], iterations: int, tmp: Path,
         libraries = {"default": built}
         tuning = (tunings or {}).get(count, {"skipped": "not tuned"})
         if "configs" in tuning:
-            tuned = tmp / f"int8-tuned-t{count}"
+            tuned = int8_libraries(tmp, count)["tuned"]
             libraries["tuned"] = build(str(model.path), tuned, Path(tuning["configs"]), count)
             engines["tuned"] = (run_ours(str(model.path), tuned, count, iterations)
                                 if "error" not in libraries["tuned"] else libraries["tuned"])

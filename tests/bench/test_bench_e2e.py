@@ -128,6 +128,28 @@ def test_paired_medians_name_our_libraries_and_set_the_ratios(
     assert any("paired run failed" in line for line in e2e_report.problems([row]))
 
 
+def test_a_paired_run_leaves_out_the_engines_that_failed_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO fails on a quantized BERT in its own process: the paired run times the rest
+    (a peer that cannot load would fail it all), and the row's ratios come from it."""
+    seen: list[list[str]] = []
+
+    def fake_call(command: list[str], stage: str) -> tuple[dict[str, Any], str, float]:
+        seen.append(command)
+        engines = command[3:command.index("--threads")]
+        return {"engines": [{"engine": e, "median_ms": 10.0 + i, "ratio_to_first": 1.0 + i}
+                            for i, e in enumerate(engines)]}, "", 1.0
+
+    monkeypatch.setattr(e2e, "call", fake_call)
+    row = _row("bert_base-int8", "zoo", 1, default=10.0, tuned=None, onnxruntime=30.0,
+               openvino=None)
+    e2e.pair_row(row, "m.onnx", {"default": tmp_path / "d", "tuned": tmp_path / "t"}, 5)
+    assert seen[0][3:seen[0].index("--threads")] == [str(tmp_path / "d"), "onnxruntime"]
+    assert row["ratio_source"] == "paired"
+    assert row["ratios"]["default_vs_best"] == pytest.approx(2.0)  # not 11 / 10
+    assert row["ratios"]["tuned_vs_best"] is None
+
+
 @pytest.mark.parametrize("argv", [["--trials", "33"], ["--trials", "0"], ["--models", "nope"],
                                   ["--threads", "1,x"], ["--iterations", "0"],
                                   ["--paired", "-1"]])
