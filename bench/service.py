@@ -308,16 +308,14 @@ def _cpu_s(pid: int) -> float:
 def _postgres_cpu_s() -> float:
     """CPU seconds of every ``postgres`` process on this machine so far (Linux; the local
     PostgreSQL's backends serve the servers' connections): where the rest of the cores go."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    def named_postgres(comm: Path) -> bool:
         try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if "(postgres)" in text:
-            fields = text.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+            return comm.read_text().strip() == "postgres"
+        except OSError:  # it exited meanwhile
+            return False
+
+    return sum(_cpu_s(int(comm.parent.name)) for comm in Path("/proc").glob("[0-9]*/comm")
+               if named_postgres(comm))
 
 
 @contextmanager
